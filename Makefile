@@ -1,0 +1,38 @@
+# Every target a developer or CI needs. `make test` is the one test command (README, .ci/run).
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+CARGO ?= cargo
+# e2e tests mostly wait on the cluster; run several at once even on 2 cores.
+E2E_THREADS ?= 4
+
+.PHONY: test fmt-check clippy unit e2e control-plane cluster-up cluster-down demo build
+
+## test: formatting, lints, unit tests, then e2e tests on the local control plane
+test: fmt-check clippy unit e2e
+
+fmt-check:
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	$(CARGO) clippy --locked --all-targets -- -D warnings
+
+unit:
+	$(CARGO) test --locked --lib --bins
+
+## e2e: starts the local control plane if none runs, runs tests/e2e_*.rs, stops what it started
+e2e:
+	$(CARGO) build --locked --bins --tests
+	hack/with-cluster.sh $(CARGO) test --locked --test 'e2e_*' -- --test-threads=$(E2E_THREADS)
+
+build:
+	$(CARGO) build --locked --release
+
+## control-plane: build (or reuse) the cached Kubernetes, KWOK and etcd binaries
+control-plane:
+	hack/build-control-plane.sh
+
+cluster-up:
+	hack/cluster.sh up
+
+cluster-down:
+	hack/cluster.sh down

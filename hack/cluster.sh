@@ -1,0 +1,495 @@
+#!/usr/bin/env bash
+# Local test control plane: etcd + kube-apiserver + kube-controller-manager + kube-scheduler + KWOK,
+# all on 127.0.0.1, with three fake nodes and a default StorageClass. See hack/README-cluster.md.
+#
+#   hack/cluster.sh up       start it (returns at once if it already runs)
+#   hack/cluster.sh down     stop every process it started and remove its state
+#   hack/cluster.sh status   print whether it is up (exit 0 if up, 1 if not)
+#
+# State lives in target/cluster/ (PKI, kubeconfigs, etcd data, pids/, logs/). The admin kubeconfig is
+# target/cluster/kubeconfig and kubectl is target/cluster/bin/kubectl.
+#
+# Environment:
+#   SCALEDOWN_E2E_PORT_BASE   first of six consecutive ports (default 23400):
+#                             +0 etcd client, +1 etcd peer, +2 kube-apiserver, +3 kube-controller-manager,
+#                             +4 kube-scheduler, +5 kwok (healthz)
+#   SCALEDOWN_E2E_CACHE       binary cache root, passed on to hack/build-control-plane.sh
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+# shellcheck source=SCRIPTDIR/versions.env
+source "$here/versions.env"
+
+state="$root/target/cluster"
+pki="$state/pki"
+pids="$state/pids"
+logs="$state/logs"
+lock="$root/target/cluster.lock"
+
+port_base=${SCALEDOWN_E2E_PORT_BASE:-23400}
+etcd_port=$((port_base + 0))
+etcd_peer_port=$((port_base + 1))
+api_port=$((port_base + 2))
+kcm_port=$((port_base + 3))
+sched_port=$((port_base + 4))
+kwok_port=$((port_base + 5))
+
+# Start order; `down` stops them in reverse.
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+node_count=3
+
+log() { printf '[cluster] %s\n' "$*" >&2; }
+
+# --- process bookkeeping ---------------------------------------------------------------------------
+
+pid_of() { # prints the recorded pid of a component, if any
+  local f="$pids/$1.pid"
+  [[ -s "$f" ]] && cat "$f"
+}
+
+# True if the recorded pid is alive and really is our process (its command line names the state dir),
+# so a recycled pid never gets signalled.
+is_ours() {
+  local pid=$1
+  [[ -r "/proc/$pid/cmdline" ]] || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$state/"
+}
+
+component_alive() {
+  local pid
+  pid=$(pid_of "$1") || return 1
+  is_ours "$pid"
+}
+
+group_alive() { kill -0 -- "-$1" 2>/dev/null; }
+
+# Stops one component: SIGTERM to its process group, SIGKILL after 10 s. A pid is only signalled
+# while it still is our process; its group id cannot be reused while the group has members.
+stop_component() {
+  local name=$1 pid
+  pid=$(pid_of "$name") || return 0
+  if is_ours "$pid"; then
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    local i
+    for ((i = 0; i < 100; i++)); do
+      group_alive "$pid" || kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    if group_alive "$pid" || kill -0 "$pid" 2>/dev/null; then
+      log "$name (pid $pid) ignored SIGTERM for 10 s; sending SIGKILL"
+      kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+      for ((i = 0; i < 50; i++)); do
+        group_alive "$pid" || break
+        sleep 0.1
+      done
+    fi
+  fi
+  rm -f "$pids/$name.pid"
+}
+
+stop_all() {
+  local i
+  for ((i = ${#components[@]} - 1; i >= 0; i--)); do
+    stop_component "${components[i]}"
+  done
+}
+
+# Processes whose command line still names the state dir (should be none after stop_all).
+leftovers() { pgrep -f -- "$state/" || true; }
+
+# Removes the state dir; keeps the logs of the last run in target/cluster-logs-last/.
+remove_state() {
+  if [[ -d "$logs" ]]; then
+    rm -rf "$root/target/cluster-logs-last"
+    mv "$logs" "$root/target/cluster-logs-last"
+  fi
+  if [[ -s "$state/hostpath-root" ]]; then
+    local hp
+    hp=$(cat "$state/hostpath-root")
+    [[ "$hp" == /tmp/scaledown-e2e/* ]] && rm -rf -- "$hp"
+  fi
+  rm -rf -- "$state"
+}
+
+# Starts a component in its own session and process group, with its output in logs/<name>.log.
+start_component() {
+  local name=$1
+  shift
+  # setsid execs in place (the background child is not a group leader), so $! is the component's pid
+  # and its process group id. fd 8 is the cluster lock: the daemons must not inherit it.
+  setsid "$@" </dev/null >>"$logs/$name.log" 2>&1 8>&- &
+  local pid=$!
+  echo "$pid" >"$pids/$name.pid"
+}
+
+# --- health checks ---------------------------------------------------------------------------------
+
+curl_admin() {
+  curl -fsS --max-time 5 --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" "$@"
+}
+
+etcd_healthy() { curl -fsS --max-time 3 "http://127.0.0.1:$etcd_port/health" 2>/dev/null | grep -q '"health":"true"'; }
+apiserver_ready() { [[ "$(curl_admin "https://127.0.0.1:$api_port/readyz" 2>/dev/null)" == ok ]]; }
+kcm_healthy() { [[ "$(curl -ksS --max-time 3 "https://127.0.0.1:$kcm_port/healthz" 2>/dev/null)" == ok ]]; }
+sched_healthy() { [[ "$(curl -ksS --max-time 3 "https://127.0.0.1:$sched_port/healthz" 2>/dev/null)" == ok ]]; }
+kwok_healthy() { curl -fsS --max-time 3 "http://127.0.0.1:$kwok_port/healthz" >/dev/null 2>&1; }
+
+is_up() {
+  local c
+  [[ -f "$state/kubeconfig" ]] || return 1
+  for c in "${components[@]}"; do
+    component_alive "$c" || return 1
+  done
+  apiserver_ready
+}
+
+# Aborts the start: prints the tail of the component's log, stops what was started, exits 1.
+fail() {
+  local component=$1
+  shift
+  log "ERROR: $*"
+  local f
+  if [[ -n "$component" ]]; then
+    f="$logs/$component.log"
+    [[ -f "$f" ]] && { log "last lines of $f:"; tail -n 40 "$f" >&2; }
+  fi
+  exit 1 # the EXIT trap of `up` stops everything
+}
+
+# wait_until <seconds> <component> <description> <command...>: polls every 0.25 s; fails fast if the
+# component died.
+wait_until() {
+  local timeout=$1 component=$2 what=$3
+  shift 3
+  local deadline=$((SECONDS + timeout))
+  until "$@"; do
+    if [[ -n "$component" ]] && ! component_alive "$component"; then
+      fail "$component" "$component exited while waiting for: $what"
+    fi
+    if ((SECONDS >= deadline)); then
+      fail "$component" "timed out after ${timeout}s waiting for: $what"
+    fi
+    sleep 0.25
+  done
+}
+
+# --- setup steps -----------------------------------------------------------------------------------
+
+check_ports_free() {
+  local p busy=()
+  for p in "$etcd_port" "$etcd_peer_port" "$api_port" "$kcm_port" "$sched_port" "$kwok_port"; do
+    if [[ -n "$(ss -Hltn "sport = :$p")" ]]; then busy+=("$p"); fi
+  done
+  if ((${#busy[@]})); then
+    log "ERROR: port(s) ${busy[*]} are in use; set SCALEDOWN_E2E_PORT_BASE to the first of six free ports"
+    for p in "${busy[@]}"; do ss -Hltnp "sport = :$p" >&2 || true; done
+    exit 1
+  fi
+}
+
+gen_pki() {
+  mkdir -p "$pki"
+  (
+    cd "$pki"
+    umask 077
+    local days=3650
+    openssl ecparam -name prime256v1 -genkey -noout -out ca.key 2>/dev/null
+    openssl req -x509 -new -key ca.key -sha256 -days "$days" -subj "/CN=scaledown-e2e-ca" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+      -addext "subjectKeyIdentifier=hash" -out ca.crt 2>/dev/null
+
+    # leaf <name> <subject> <extensions>
+    leaf() {
+      openssl ecparam -name prime256v1 -genkey -noout -out "$1.key" 2>/dev/null
+      openssl req -new -key "$1.key" -subj "$2" -out "$1.csr" 2>/dev/null
+      printf '%s\n' "$3" >"$1.ext"
+      openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -sha256 -days "$days" \
+        -extfile "$1.ext" -out "$1.crt" 2>/dev/null
+      rm -f "$1.csr" "$1.ext"
+    }
+    local client
+    client=$'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\nauthorityKeyIdentifier=keyid'
+    leaf apiserver "/CN=kube-apiserver" $'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nauthorityKeyIdentifier=keyid\nsubjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local'
+    leaf admin "/O=system:masters/CN=scaledown-e2e-admin" "$client"
+    leaf kube-controller-manager "/CN=system:kube-controller-manager" "$client"
+    leaf kube-scheduler "/CN=system:kube-scheduler" "$client"
+    # Service-account token signing key pair.
+    openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out sa.key 2>/dev/null
+    openssl pkey -in sa.key -pubout -out sa.pub 2>/dev/null
+  )
+}
+
+# write_kubeconfig <file> <cert/key basename>
+write_kubeconfig() {
+  cat >"$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: scaledown-e2e
+  cluster:
+    server: https://127.0.0.1:$api_port
+    certificate-authority: $pki/ca.crt
+users:
+- name: $2
+  user:
+    client-certificate: $pki/$2.crt
+    client-key: $pki/$2.key
+contexts:
+- name: scaledown-e2e
+  context:
+    cluster: scaledown-e2e
+    user: $2
+current-context: scaledown-e2e
+EOF
+}
+
+# KWOK config: the stock stages from the kwok module (the same version as the binary) plus ours.
+write_kwok_config() {
+  local dir
+  dir=$(cd / && GOWORK=off GOFLAGS=-mod=mod GOTOOLCHAIN=local go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | jq -r '.Dir // empty') ||
+    fail "" "cannot locate the sigs.k8s.io/kwok@$KWOK_VERSION module (go mod download failed)"
+  [[ -n "$dir" && -d "$dir/kustomize/stage" ]] || fail "" "sigs.k8s.io/kwok@$KWOK_VERSION has no kustomize/stage dir"
+  local f first=1
+  {
+    for f in "$dir/kustomize/stage/node/fast/node-initialize.yaml" \
+      "$dir/kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml" \
+      "$dir/kustomize/stage/pod/fast/pod-ready.yaml" \
+      "$dir/kustomize/stage/pod/fast/pod-delete.yaml" \
+      "$here"/kwok/*.yaml; do
+      [[ -f "$f" ]] || fail "" "missing stage file $f"
+      ((first)) || echo "---"
+      first=0
+      echo "# from $f"
+      cat "$f"
+    done
+  } >"$state/kwok.yaml"
+}
+
+apply_cluster_objects() {
+  local i
+  {
+    for ((i = 0; i < node_count; i++)); do
+      cat <<EOF
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: kwok-node-$i
+  annotations:
+    kwok.x-k8s.io/node: fake
+    node.alpha.kubernetes.io/ttl: "0"
+  labels:
+    kubernetes.io/hostname: kwok-node-$i
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    node.kubernetes.io/instance-type: kwok
+    type: kwok
+EOF
+    done
+    cat <<'EOF'
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: standard
+  annotations:
+    storageclass.kubernetes.io/is-default-class: "true"
+provisioner: kubernetes.io/no-provisioner
+volumeBindingMode: Immediate
+reclaimPolicy: Delete
+EOF
+  } | "$state/bin/kubectl" --kubeconfig "$state/kubeconfig" apply -f - >/dev/null
+}
+
+nodes_ready() {
+  "$state/bin/kubectl" --kubeconfig "$state/kubeconfig" get nodes -o json 2>/dev/null | jq -e --argjson n "$node_count" '
+    [.items[]
+     | select(.metadata.annotations["kwok.x-k8s.io/node"] == "fake")
+     | select(any(.status.conditions[]?; .type == "Ready" and .status == "True"))
+     | select(all(.spec.taints[]?; .key != "node.kubernetes.io/not-ready"))]
+    | length == $n' >/dev/null
+}
+
+default_sa_exists() {
+  "$state/bin/kubectl" --kubeconfig "$state/kubeconfig" -n default get serviceaccount default >/dev/null 2>&1
+}
+
+# --- commands --------------------------------------------------------------------------------------
+
+cmd_up() {
+  local t0=$SECONDS
+  mkdir -p "$root/target"
+  exec 8>"$lock"
+  flock 8
+
+  if is_up; then
+    log "already up (kubeconfig: $state/kubeconfig)"
+    echo "[timing] cluster-up: 0 s (already running)"
+    return 0
+  fi
+  if [[ -e "$state" ]]; then
+    log "removing stale state in $state"
+    stop_all
+    remove_state
+  fi
+
+  local tb=$SECONDS bins
+  bins=$("$here/build-control-plane.sh" | tail -n 1)
+  [[ -x "$bins/kube-apiserver" ]] || fail "" "hack/build-control-plane.sh did not produce binaries (got '$bins')"
+  local build_s=$((SECONDS - tb))
+  if ((build_s <= 1)); then
+    echo "[timing] control-plane binaries: $build_s s (cached)"
+  else
+    echo "[timing] control-plane binaries: $build_s s"
+  fi
+
+  check_ports_free
+
+  # From here on, any failure (or a signal) stops what was started.
+  trap 'rc=$?; if ((rc != 0)); then log "start failed; stopping what was started"; stop_all; fi' EXIT
+  trap 'exit 130' INT TERM
+
+  mkdir -p "$pids" "$logs" "$state/bin" "$state/etcd" "$state/apiserver" "$state/kwok-home"
+  ln -sf "$bins/kubectl" "$state/bin/kubectl"
+  local cluster_id
+  cluster_id="$(date +%Y%m%d-%H%M%S)-$$"
+  echo "$cluster_id" >"$state/cluster-id"
+  echo "/tmp/scaledown-e2e/$cluster_id" >"$state/hostpath-root"
+  mkdir -p "/tmp/scaledown-e2e/$cluster_id"
+  {
+    echo "binaries=$bins"
+    echo "etcd=http://127.0.0.1:$etcd_port"
+    echo "apiserver=https://127.0.0.1:$api_port"
+    echo "kube-controller-manager=https://127.0.0.1:$kcm_port"
+    echo "kube-scheduler=https://127.0.0.1:$sched_port"
+    echo "kwok=http://127.0.0.1:$kwok_port"
+  } >"$state/endpoints"
+
+  gen_pki
+  write_kubeconfig "$state/kubeconfig" admin
+  write_kubeconfig "$state/kube-controller-manager.kubeconfig" kube-controller-manager
+  write_kubeconfig "$state/kube-scheduler.kubeconfig" kube-scheduler
+  write_kwok_config
+
+  start_component etcd "$bins/etcd" \
+    --name=scaledown-e2e --data-dir="$state/etcd" \
+    --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls="http://127.0.0.1:$etcd_peer_port" --initial-advertise-peer-urls="http://127.0.0.1:$etcd_peer_port" \
+    --initial-cluster="scaledown-e2e=http://127.0.0.1:$etcd_peer_port" --initial-cluster-state=new \
+    --unsafe-no-fsync --log-level=warn
+  wait_until 30 etcd "etcd /health" etcd_healthy
+
+  start_component kube-apiserver "$bins/kube-apiserver" \
+    --etcd-servers="http://127.0.0.1:$etcd_port" \
+    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
+    --cert-dir="$state/apiserver" \
+    --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
+    --client-ca-file="$pki/ca.crt" \
+    --authorization-mode=RBAC \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
+    --service-cluster-ip-range=10.96.0.0/16 \
+    --endpoint-reconciler-type=none \
+    --allow-privileged=true \
+    --profiling=false \
+    --v=1
+  wait_until 120 kube-apiserver "kube-apiserver /readyz" apiserver_ready
+
+  start_component kube-controller-manager "$bins/kube-controller-manager" \
+    --kubeconfig="$state/kube-controller-manager.kubeconfig" \
+    --authentication-kubeconfig="$state/kube-controller-manager.kubeconfig" \
+    --authorization-kubeconfig="$state/kube-controller-manager.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$kcm_port" \
+    --authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics \
+    --leader-elect=false \
+    --controllers='*' \
+    --use-service-account-credentials=true \
+    --service-account-private-key-file="$pki/sa.key" \
+    --root-ca-file="$pki/ca.crt" \
+    --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
+    --cluster-name=scaledown-e2e \
+    --kube-api-qps=100 --kube-api-burst=200 \
+    --profiling=false \
+    --v=1
+  start_component kube-scheduler "$bins/kube-scheduler" \
+    --kubeconfig="$state/kube-scheduler.kubeconfig" \
+    --authentication-kubeconfig="$state/kube-scheduler.kubeconfig" \
+    --authorization-kubeconfig="$state/kube-scheduler.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$sched_port" \
+    --authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics \
+    --leader-elect=false \
+    --profiling=false \
+    --v=1
+  # HOME points into the state dir so that no ~/.kwok/kwok.yaml of the user is loaded.
+  start_component kwok env HOME="$state/kwok-home" "$bins/kwok" \
+    --kubeconfig="$state/kubeconfig" \
+    --config="$state/kwok.yaml" \
+    --manage-all-nodes=false \
+    --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+    --cidr=10.244.0.0/16 \
+    --node-ip=10.240.0.1 \
+    --node-lease-duration-seconds=40 \
+    --server-address="127.0.0.1:$kwok_port"
+  wait_until 60 kube-controller-manager "kube-controller-manager /healthz" kcm_healthy
+  wait_until 60 kube-scheduler "kube-scheduler /healthz" sched_healthy
+  wait_until 60 kwok "kwok /healthz" kwok_healthy
+
+  apply_cluster_objects || fail kube-apiserver "could not create the fake nodes and the StorageClass"
+  wait_until 90 kwok "nodes kwok-node-0..$((node_count - 1)) Ready and without the not-ready taint" nodes_ready
+  wait_until 60 kube-controller-manager "ServiceAccount default/default" default_sa_exists
+
+  trap - EXIT INT TERM
+  log "up: kubeconfig $state/kubeconfig, apiserver https://127.0.0.1:$api_port, logs $logs"
+  echo "[timing] cluster-up: $((SECONDS - t0)) s"
+}
+
+cmd_down() {
+  local t0=$SECONDS
+  mkdir -p "$root/target"
+  exec 8>"$lock"
+  flock 8
+  if [[ ! -e "$state" ]]; then
+    log "not running (no $state)"
+    return 0
+  fi
+  stop_all
+  local left
+  left=$(leftovers)
+  if [[ -n "$left" ]]; then
+    log "ERROR: processes still running after stop: $(echo "$left" | tr '\n' ' ')"
+    # shellcheck disable=SC2086 # one pid per word
+    ps -o pid,pgid,cmd -p $left >&2 || true
+    exit 1
+  fi
+  remove_state
+  log "down (logs of this run: target/cluster-logs-last/)"
+  echo "[timing] cluster-down: $((SECONDS - t0)) s"
+}
+
+cmd_status() {
+  if is_up; then
+    echo "up: apiserver https://127.0.0.1:$api_port, KUBECONFIG=$state/kubeconfig"
+    local c
+    for c in "${components[@]}"; do
+      echo "  $c pid $(pid_of "$c")"
+    done
+    return 0
+  fi
+  if [[ -e "$state" ]]; then
+    echo "down (stale state in $state; 'hack/cluster.sh down' cleans it)"
+  else
+    echo "down"
+  fi
+  return 1
+}
+
+case "${1:-}" in
+up) cmd_up ;;
+down) cmd_down ;;
+status) cmd_status ;;
+*)
+  echo "usage: $0 up|down|status" >&2
+  exit 2
+  ;;
+esac

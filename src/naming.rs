@@ -1,0 +1,108 @@
+//! Names, keys and ordinals: the strings that make us drop-in compatible with the Go original, and
+//! the rules that tie a claim or pod name to a StatefulSet ordinal. Pure functions only.
+
+/// StatefulSet annotation holding the cleanup pod template (JSON, or YAML).
+pub const TEMPLATE_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-pod-template";
+/// Cleanup pod annotation naming the StatefulSet it cleans up after.
+pub const OWNER_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-pod-owner";
+/// Cleanup pod label whose value is the pod's own name; also the selector of our cleanup-pod watch.
+pub const CLEANUP_LABEL: &str = "scaledown-pod";
+/// Finalizer we put on annotated StatefulSets so that deletion waits for the cleanups.
+pub const FINALIZER: &str = "statefulsets.kubernetes.io/scaledown";
+
+/// Cleanup pod annotation: which attempt of the ordinal's cleanup this pod is (1-based).
+pub const ATTEMPT_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-attempt";
+/// Cleanup pod annotation: JSON map claim name -> claim UID, the exact claims this pod cleans.
+pub const CLAIMS_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-claims";
+/// Claim annotation written just before a failed cleanup pod is deleted for a retry: the number of
+/// the next attempt. It carries the attempt count across the gap in which no cleanup pod exists.
+pub const NEXT_ATTEMPT_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-next-attempt";
+
+/// Finalizers the API server puts on an object deleted with foreground or orphan propagation.
+pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
+pub const ORPHAN_FINALIZER: &str = "orphan";
+
+/// Environment variables every cleanup container receives.
+pub const ENV_STATEFULSET: &str = "SCALEDOWN_STATEFULSET";
+pub const ENV_NAMESPACE: &str = "SCALEDOWN_NAMESPACE";
+pub const ENV_ORDINAL: &str = "SCALEDOWN_ORDINAL";
+pub const ENV_REPLICAS: &str = "SCALEDOWN_REPLICAS";
+
+/// Name of the pod (stateful or cleanup) of `set` at `ordinal`.
+pub fn pod_name(set: &str, ordinal: u32) -> String {
+    format!("{set}-{ordinal}")
+}
+
+/// Name of the claim of claim template `template` of `set` at `ordinal`.
+pub fn claim_name(template: &str, set: &str, ordinal: u32) -> String {
+    format!("{template}-{set}-{ordinal}")
+}
+
+/// The ordinal of `claim` if it is the claim of `template` in `set`; computed from the set's own
+/// names, never by splitting the claim name at a guessed dash.
+pub fn claim_ordinal(claim: &str, template: &str, set: &str) -> Option<u32> {
+    let rest = claim.strip_prefix(template)?.strip_prefix('-')?;
+    let rest = rest.strip_prefix(set)?.strip_prefix('-')?;
+    parse_ordinal(rest)
+}
+
+/// The ordinal of `pod` if it is named like a pod of `set`.
+pub fn pod_ordinal(pod: &str, set: &str) -> Option<u32> {
+    parse_ordinal(pod.strip_prefix(set)?.strip_prefix('-')?)
+}
+
+/// A canonical decimal ordinal: digits only, no sign, no leading zero, within the int32 range the
+/// StatefulSet API uses.
+pub fn parse_ordinal(s: &str) -> Option<u32> {
+    let canonical = !s.is_empty()
+        && s.bytes().all(|b| b.is_ascii_digit())
+        && (s == "0" || !s.starts_with('0'));
+    if !canonical {
+        return None;
+    }
+    s.parse::<u32>().ok().filter(|n| *n <= i32::MAX as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_ordinals_come_from_the_sets_own_names() {
+        let cases = [
+            ("data-web-2", "data", "web", Some(2)),
+            ("data-web-0", "data", "web", Some(0)),
+            ("data-web-10", "data", "web", Some(10)),
+            // another set whose name shares the prefix
+            ("data-web-2-0", "data", "web", None),
+            ("data-web-2-0", "data", "web-2", Some(0)),
+            // non-canonical ordinals
+            ("data-web-02", "data", "web", None),
+            ("data-web-+2", "data", "web", None),
+            ("data-web--2", "data", "web", None),
+            ("data-web-", "data", "web", None),
+            ("data-web-x", "data", "web", None),
+            ("data-web-2147483648", "data", "web", None),
+            ("data-web-2147483647", "data", "web", Some(2_147_483_647)),
+            // other template, other set
+            ("logs-web-1", "data", "web", None),
+            ("data-db-1", "data", "web", None),
+            ("dataweb-1", "data", "web", None),
+            // dashes inside template and set names
+            ("b-c-a-3", "b-c", "a", Some(3)),
+            ("b-c-a-3", "b", "c-a", Some(3)),
+        ];
+        for (claim, template, set, want) in cases {
+            assert_eq!(claim_ordinal(claim, template, set), want, "{claim} for {template}/{set}");
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        assert_eq!(claim_name("data", "web", 7), "data-web-7");
+        assert_eq!(pod_name("web", 7), "web-7");
+        assert_eq!(pod_ordinal("web-7", "web"), Some(7));
+        assert_eq!(pod_ordinal("web-2-0", "web"), None);
+        assert_eq!(pod_ordinal("web-07", "web"), None);
+    }
+}

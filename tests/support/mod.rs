@@ -1,0 +1,512 @@
+//! Shared helpers for the e2e tests (`tests/e2e_*.rs`, each with `mod support;`).
+//!
+//! The tests run against the local control plane of `hack/cluster.sh` (etcd, kube-apiserver,
+//! kube-controller-manager, kube-scheduler and KWOK with three fake nodes). Start it with
+//! `make cluster-up`, or let `make e2e` / `hack/with-cluster.sh cargo test ...` start and stop it.
+//!
+//! Every test works in its own namespace ([`Cluster::namespace`]), so tests run in parallel. Pods
+//! never run containers: KWOK moves them through their phases, see hack/README-cluster.md for the
+//! labels and annotations that make a pod succeed, fail or keep running.
+
+// Each e2e test binary compiles this module on its own and uses only part of it.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::{
+    Namespace, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config, Resource};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+/// Annotation on the fake nodes that KWOK manages.
+pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
+/// Label on pods that KWOK completes (the label the controller puts on cleanup pods).
+pub const SCALEDOWN_POD_LABEL: &str = "scaledown-pod";
+/// Label that picks the simulated outcome of a `scaledown-pod`: `Failed` or `Running`
+/// (absent or anything else: `Succeeded`).
+pub const OUTCOME_LABEL: &str = "sim.scaledown.io/outcome";
+/// Annotation with a Go duration ("10s", "1m30s") that replaces the default 3 s until a
+/// `scaledown-pod` finishes, counted from the pod's `status.startTime`.
+pub const AFTER_ANNOTATION: &str = "sim.scaledown.io/after";
+/// Label put on every object the helpers create outside a test namespace.
+pub const CLASS_LABEL: &str = "scaledown.e2e/static-pv-class";
+
+const POLL: Duration = Duration::from_millis(250);
+
+fn repo_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Directory of the local cluster's state (`target/cluster`).
+pub fn cluster_state_dir() -> PathBuf {
+    repo_dir().join("target").join("cluster")
+}
+
+fn kubeconfig_path() -> PathBuf {
+    match std::env::var_os("KUBECONFIG") {
+        // KUBECONFIG may be a list; the first entry is the one written by hack/cluster.sh.
+        Some(v) if !v.is_empty() => std::env::split_paths(&v)
+            .next()
+            .unwrap_or_else(|| cluster_state_dir().join("kubeconfig")),
+        _ => cluster_state_dir().join("kubeconfig"),
+    }
+}
+
+/// kubectl of the local cluster (target/cluster/bin/kubectl), or `kubectl` from PATH.
+pub fn kubectl_binary() -> PathBuf {
+    let local = cluster_state_dir().join("bin").join("kubectl");
+    if local.exists() {
+        local
+    } else {
+        PathBuf::from("kubectl")
+    }
+}
+
+/// Root directory under which static hostPath PVs point (kcm's hostPath deleter removes them for
+/// `Delete` PVs; it only accepts paths under /tmp).
+fn hostpath_root(kubeconfig: &Path) -> PathBuf {
+    kubeconfig
+        .parent()
+        .map(|d| d.join("hostpath-root"))
+        .and_then(|f| std::fs::read_to_string(f).ok())
+        .map(|s| PathBuf::from(s.trim()))
+        .filter(|p| p.starts_with("/tmp/scaledown-e2e/"))
+        .unwrap_or_else(|| PathBuf::from("/tmp/scaledown-e2e/external"))
+}
+
+/// A connection to the e2e cluster.
+pub struct Cluster {
+    pub client: Client,
+    pub kubeconfig: PathBuf,
+}
+
+impl Cluster {
+    /// Connects to the cluster named by `KUBECONFIG`, or else `target/cluster/kubeconfig`.
+    ///
+    /// Panics (no silent skip) if there is no kubeconfig, the apiserver does not answer, or the
+    /// cluster has no KWOK nodes (so a stray `KUBECONFIG` never points the tests at a real cluster).
+    pub async fn connect() -> Cluster {
+        let path = kubeconfig_path();
+        let hint = "start the local control plane with `make cluster-up` (or run the e2e tests through `make e2e`)";
+        if !path.exists() {
+            panic!("e2e: no kubeconfig at {}: {hint}", path.display());
+        }
+        let kubeconfig = Kubeconfig::read_from(&path)
+            .unwrap_or_else(|e| panic!("e2e: cannot read {}: {e}; {hint}", path.display()));
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("e2e: bad kubeconfig {}: {e}; {hint}", path.display()));
+        let server = config.cluster_url.to_string();
+        let client = Client::try_from(config)
+            .unwrap_or_else(|e| panic!("e2e: cannot build a client for {server}: {e}"));
+        match tokio::time::timeout(Duration::from_secs(15), client.apiserver_version()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => panic!("e2e: the apiserver at {server} does not answer ({e}); {hint}"),
+            Err(_) => panic!("e2e: the apiserver at {server} did not answer within 15 s; {hint}"),
+        }
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+        let fake = nodes
+            .list(&Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("e2e: cannot list nodes at {server}: {e}"))
+            .items
+            .into_iter()
+            .filter(|n| {
+                n.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(KWOK_NODE_ANNOTATION))
+                    .is_some_and(|v| v == "fake")
+            })
+            .count();
+        assert!(
+            fake > 0,
+            "e2e: the cluster at {server} ({}) has no KWOK nodes; refusing to run e2e tests on it. {hint}",
+            path.display()
+        );
+        Cluster {
+            client,
+            kubeconfig: path,
+        }
+    }
+
+    /// Creates a namespace for one test, named after `test_name` plus a unique suffix, and waits
+    /// until its `default` ServiceAccount exists (pods are rejected before that). The namespace
+    /// and the cluster-scoped objects created through it are deleted when it is dropped.
+    pub async fn namespace(&self, test_name: &str) -> TestNamespace {
+        let name = unique_name(test_name);
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let ns: Namespace = from_json(json!({
+            "metadata": {"name": name, "labels": {"scaledown.e2e/test": "true"}}
+        }));
+        api.create(&PostParams::default(), &ns)
+            .await
+            .unwrap_or_else(|e| panic!("e2e: cannot create namespace {name}: {e}"));
+        let namespace = TestNamespace {
+            name: name.clone(),
+            client: self.client.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+            classes: Mutex::new(Vec::new()),
+        };
+        let sas: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &name);
+        wait_for(
+            &format!("ServiceAccount {name}/default"),
+            Duration::from_secs(60),
+            || async { matches!(sas.get_opt("default").await, Ok(Some(_))) },
+        )
+        .await;
+        namespace
+    }
+
+    /// Runs kubectl against the cluster and returns its stdout; panics if it fails.
+    pub async fn kubectl(&self, args: &[&str]) -> String {
+        let out = tokio::process::Command::new(kubectl_binary())
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .output()
+            .await
+            .unwrap_or_else(|e| panic!("e2e: cannot run {}: {e}", kubectl_binary().display()));
+        assert!(
+            out.status.success(),
+            "e2e: kubectl {args:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+/// `<test name, sanitised>-<unique suffix>`, a valid DNS label of at most 63 characters.
+pub fn unique_name(test_name: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let mut base: String = test_name
+        .rsplit("::")
+        .next()
+        .unwrap_or(test_name)
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9') => c,
+            _ => '-',
+        })
+        .collect();
+    base.truncate(48);
+    let base = base.trim_matches('-');
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let mix = (nanos as u64)
+        ^ (u64::from(std::process::id()) << 32)
+        ^ u64::from(COUNTER.fetch_add(1, Ordering::Relaxed)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let suffix: String = (0..6)
+        .map(|i| {
+            let d = ((mix >> (i * 5)) & 31) as u32;
+            char::from_digit(d, 32).unwrap_or('x')
+        })
+        .collect();
+    if base.is_empty() {
+        format!("e2e-{suffix}")
+    } else {
+        format!("{base}-{suffix}")
+    }
+}
+
+/// A namespace owned by one test. Dropping it deletes the namespace and the StorageClasses and
+/// PersistentVolumes created with [`TestNamespace::create_static_pvs`] (without waiting for them
+/// to be gone). If the test panicked, the namespace's objects and events are printed first; set
+/// `SCALEDOWN_E2E_KEEP=1` to keep everything for a look with kubectl.
+pub struct TestNamespace {
+    pub name: String,
+    client: Client,
+    kubeconfig: PathBuf,
+    classes: Mutex<Vec<String>>,
+}
+
+/// Reclaim policy of static PVs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reclaim {
+    Retain,
+    Delete,
+}
+
+impl Reclaim {
+    fn as_str(self) -> &'static str {
+        match self {
+            Reclaim::Retain => "Retain",
+            Reclaim::Delete => "Delete",
+        }
+    }
+}
+
+/// A per-test StorageClass and the static PVs in it.
+#[derive(Clone, Debug)]
+pub struct StaticPvs {
+    pub class: String,
+    pub names: Vec<String>,
+}
+
+impl TestNamespace {
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// A namespaced API in this namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// Creates the StorageClass `<namespace>-<suffix>` (no provisioner, Immediate binding) with
+    /// `n` static 1Gi RWO PVs in it, all deleted when this namespace is dropped.
+    pub async fn create_static_pvs(&self, suffix: &str, n: usize, reclaim: Reclaim) -> StaticPvs {
+        let mut class = format!("{}-{suffix}", self.name);
+        class.truncate(200);
+        self.classes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(class.clone());
+        let names = create_static_pvs(&self.client, &class, n, reclaim).await;
+        StaticPvs { class, names }
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        // Synchronous kubectl calls: Drop cannot await, and the test's runtime may be shutting down.
+        let kubectl = |args: &[&str]| {
+            std::process::Command::new(kubectl_binary())
+                .arg("--kubeconfig")
+                .arg(&self.kubeconfig)
+                .args(["--request-timeout", "20s"])
+                .args(args)
+                .output()
+        };
+        if std::thread::panicking() {
+            if let Ok(out) = kubectl(&[
+                "-n",
+                &self.name,
+                "get",
+                "statefulsets,pods,pvc,events",
+                "-o",
+                "wide",
+            ]) {
+                eprintln!(
+                    "--- e2e: objects in namespace {} at failure ---\n{}{}",
+                    self.name,
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            if let Ok(out) = kubectl(&["get", "pv", "-o", "wide"]) {
+                eprintln!("--- e2e: PVs ---\n{}", String::from_utf8_lossy(&out.stdout));
+            }
+        }
+        if std::env::var_os("SCALEDOWN_E2E_KEEP").is_some_and(|v| v == "1") {
+            eprintln!("e2e: SCALEDOWN_E2E_KEEP=1, keeping namespace {}", self.name);
+            return;
+        }
+        let _ = kubectl(&[
+            "delete",
+            "namespace",
+            &self.name,
+            "--wait=false",
+            "--ignore-not-found",
+        ]);
+        let classes = std::mem::take(&mut *self.classes.lock().unwrap_or_else(|e| e.into_inner()));
+        let root = hostpath_root(&self.kubeconfig);
+        for class in classes {
+            let selector = format!("{CLASS_LABEL}={class}");
+            let _ = kubectl(&["delete", "pv,storageclass", "-l", &selector, "--wait=false"]);
+            let _ = std::fs::remove_dir_all(root.join(&class));
+        }
+    }
+}
+
+/// Creates StorageClass `class` (provisioner kubernetes.io/no-provisioner, volumeBindingMode
+/// Immediate) unless it exists, and `n` static PVs `<class>-<i>` for it: 1Gi, ReadWriteOnce,
+/// hostPath under /tmp/scaledown-e2e/... so that kcm's hostPath deleter can remove them when the
+/// policy is `Delete`. Both carry the label `scaledown.e2e/static-pv-class=<class>`. Returns the PV
+/// names. Prefer [`TestNamespace::create_static_pvs`], which also deletes them at the end.
+pub async fn create_static_pvs(
+    client: &Client,
+    class: &str,
+    n: usize,
+    reclaim: Reclaim,
+) -> Vec<String> {
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    let sc: StorageClass = from_json(json!({
+        "metadata": {"name": class, "labels": {CLASS_LABEL: class}},
+        "provisioner": "kubernetes.io/no-provisioner",
+        "volumeBindingMode": "Immediate",
+        "reclaimPolicy": "Delete",
+    }));
+    match classes.create(&PostParams::default(), &sc).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("e2e: cannot create StorageClass {class}: {e}"),
+    }
+    // The hostPath only has to look real; nothing reads it. It lives where kcm runs (here).
+    let kubeconfig = kubeconfig_path();
+    let dir = hostpath_root(&kubeconfig).join(class);
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let mut names = Vec::with_capacity(n);
+    for i in 0..n {
+        let name = format!("{class}-{i}");
+        let path = dir.join(&name);
+        let _ = std::fs::create_dir_all(&path);
+        let pv: PersistentVolume = from_json(json!({
+            "metadata": {"name": name, "labels": {CLASS_LABEL: class}},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": class,
+                "persistentVolumeReclaimPolicy": reclaim.as_str(),
+                "volumeMode": "Filesystem",
+                "hostPath": {"path": path.to_string_lossy(), "type": ""},
+            }
+        }));
+        pvs.create(&PostParams::default(), &pv)
+            .await
+            .unwrap_or_else(|e| panic!("e2e: cannot create PersistentVolume {name}: {e}"));
+        names.push(name);
+    }
+    names
+}
+
+/// Deserialises a `json!` literal into a typed object; panics with the error if it does not fit.
+pub fn from_json<T: DeserializeOwned>(value: serde_json::Value) -> T {
+    serde_json::from_value(value).unwrap_or_else(|e| panic!("e2e: bad object literal: {e}"))
+}
+
+/// Polls `condition` every 250 ms until it returns true; panics with `what` after `timeout`.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    wait_for_some(what, timeout, || {
+        let fut = condition();
+        async move { fut.await.then_some(()) }
+    })
+    .await
+}
+
+/// Polls `probe` every 250 ms until it returns `Some`, and returns that value; panics with `what`
+/// after `timeout`.
+pub async fn wait_for_some<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        if start.elapsed() >= timeout {
+            panic!("e2e: timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The phase of a pod ("Pending", "Running", "Succeeded", "Failed"), if it has one.
+pub fn pod_phase(pod: &Pod) -> Option<&str> {
+    pod.status.as_ref()?.phase.as_deref()
+}
+
+/// Waits until pod `name` has `phase` and returns it; the panic message names the last phase seen.
+pub async fn wait_for_pod_phase(api: &Api<Pod>, name: &str, phase: &str, timeout: Duration) -> Pod {
+    let last = Mutex::new(String::from("<not found>"));
+    let found = tokio::time::timeout(timeout, async {
+        loop {
+            match api.get_opt(name).await {
+                Ok(Some(pod)) => {
+                    let seen = pod_phase(&pod).unwrap_or("<none>").to_string();
+                    if seen == phase {
+                        return pod;
+                    }
+                    *last.lock().unwrap_or_else(|e| e.into_inner()) = seen;
+                }
+                Ok(None) => {}
+                Err(e) => *last.lock().unwrap_or_else(|e| e.into_inner()) = format!("error: {e}"),
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    })
+    .await;
+    found.unwrap_or_else(|_| {
+        panic!(
+            "e2e: timed out after {timeout:?} waiting for pod {name} to be {phase} (last seen: {})",
+            last.lock().unwrap_or_else(|e| e.into_inner())
+        )
+    })
+}
+
+/// Waits until claim `name` has `phase` ("Pending", "Bound", "Lost") and returns it.
+pub async fn wait_for_pvc_phase(
+    api: &Api<PersistentVolumeClaim>,
+    name: &str,
+    phase: &str,
+    timeout: Duration,
+) -> PersistentVolumeClaim {
+    wait_for_some(
+        &format!("PersistentVolumeClaim {name} to be {phase}"),
+        timeout,
+        || async {
+            api.get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phase))
+        },
+    )
+    .await
+}
+
+/// Waits until PV `name` has `phase` ("Available", "Bound", "Released", "Failed") and returns it.
+pub async fn wait_for_pv_phase(
+    api: &Api<PersistentVolume>,
+    name: &str,
+    phase: &str,
+    timeout: Duration,
+) -> PersistentVolume {
+    wait_for_some(
+        &format!("PersistentVolume {name} to be {phase}"),
+        timeout,
+        || async {
+            api.get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .filter(|v| v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phase))
+        },
+    )
+    .await
+}
+
+/// Waits until object `name` no longer exists (NotFound).
+pub async fn wait_for_gone<K>(api: &Api<K>, name: &str, timeout: Duration)
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    <K as Resource>::DynamicType: Default,
+{
+    let kind = K::kind(&Default::default()).to_string();
+    wait_for(&format!("{kind} {name} to be gone"), timeout, || async {
+        matches!(api.get_opt(name).await, Ok(None))
+    })
+    .await
+}
