@@ -52,7 +52,9 @@ impl Policy {
     /// How long to wait after attempt `attempt` (1-based) failed.
     pub fn backoff(&self, attempt: u32) -> Duration {
         let factor = 2u32.saturating_pow(attempt.saturating_sub(1));
-        self.backoff_base.saturating_mul(factor).min(self.backoff_max)
+        self.backoff_base
+            .saturating_mul(factor)
+            .min(self.backoff_max)
     }
 }
 
@@ -67,14 +69,36 @@ pub struct Plan {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
     /// Replace the set's finalizer list, guarded by its resourceVersion.
-    SetFinalizers { finalizers: Vec<String>, resource_version: String, adding: bool },
+    SetFinalizers {
+        finalizers: Vec<String>,
+        resource_version: String,
+        adding: bool,
+    },
     /// Delete a stateful pod of a set deleted with background propagation.
-    DeleteStatefulPod { name: String, uid: String },
-    CreateCleanupPod { ordinal: u32, attempt: u32, pod: Value },
-    DeleteClaim { name: String, uid: String },
-    DeleteCleanupPod { name: String, uid: String, why: PodDeletion },
+    DeleteStatefulPod {
+        name: String,
+        uid: String,
+    },
+    CreateCleanupPod {
+        ordinal: u32,
+        attempt: u32,
+        pod: Value,
+    },
+    DeleteClaim {
+        name: String,
+        uid: String,
+    },
+    DeleteCleanupPod {
+        name: String,
+        uid: String,
+        why: PodDeletion,
+    },
     /// Set (or with `None` remove) the next-attempt mark on a claim.
-    MarkNextAttempt { claim: String, uid: String, attempt: Option<u32> },
+    MarkNextAttempt {
+        claim: String,
+        uid: String,
+        attempt: Option<u32>,
+    },
     Event(Event),
 }
 
@@ -121,7 +145,12 @@ impl Plan {
     }
 
     fn event(&mut self, warning: bool, reason: &'static str, key: String, note: String) {
-        self.steps.push(Step::Event(Event { warning, reason, note, key }));
+        self.steps.push(Step::Event(Event {
+            warning,
+            reason,
+            note,
+            key,
+        }));
     }
 
     fn requeue(&mut self, after: Duration) {
@@ -169,7 +198,12 @@ pub fn decide(o: &Observed, policy: &Policy) -> Plan {
             match template::parse(raw, &set.claim_templates, set.selector.as_ref()) {
                 Ok(t) => Some(t),
                 Err(e) => {
-                    plan.event(true, e.reason(), e.to_string(), format!("{e}; no cleanup pod is created until the annotation is fixed"));
+                    plan.event(
+                        true,
+                        e.reason(),
+                        e.to_string(),
+                        format!("{e}; no cleanup pod is created until the annotation is fixed"),
+                    );
                     None
                 }
             }
@@ -179,11 +213,19 @@ pub fn decide(o: &Observed, policy: &Policy) -> Plan {
 
     let orphan_deletion = set.deleting
         && (set.finalizers.iter().any(|f| f == naming::ORPHAN_FINALIZER)
-            || (!set.finalizers.iter().any(|f| f == naming::FOREGROUND_FINALIZER)
-                && o.ordinals.values().any(|f| matches!(f.pod.as_ref().map(|p| &p.role), Some(PodRole::Foreign)))));
+            || (!set
+                .finalizers
+                .iter()
+                .any(|f| f == naming::FOREGROUND_FINALIZER)
+                && o.ordinals
+                    .values()
+                    .any(|f| matches!(f.pod.as_ref().map(|p| &p.role), Some(PodRole::Foreign)))));
     let background_deletion = set.deleting
         && !orphan_deletion
-        && !set.finalizers.iter().any(|f| f == naming::FOREGROUND_FINALIZER);
+        && !set
+            .finalizers
+            .iter()
+            .any(|f| f == naming::FOREGROUND_FINALIZER);
     let hold = if !opted_in {
         Some(Hold::OptedOut)
     } else if set.deleting && orphan_deletion {
@@ -206,7 +248,9 @@ pub fn decide(o: &Observed, policy: &Policy) -> Plan {
 
     for (&ordinal, facts) in o.ordinals.iter().rev() {
         let live: Vec<&ClaimFacts> = facts.claims.iter().filter(|c| c.live()).collect();
-        let conflict = live.iter().find_map(|c| Some((c, c.wanted_by_other.as_ref()?)));
+        let conflict = live
+            .iter()
+            .find_map(|c| Some((c, c.wanted_by_other.as_ref()?)));
         if let Some((claim, other)) = conflict {
             if opted_in && orphaned(ordinal) {
                 plan.event(
@@ -253,7 +297,15 @@ pub fn decide(o: &Observed, policy: &Policy) -> Plan {
                     } else {
                         hold.map(Hold::explain)
                     };
-                    let step = CleanupStep { o, policy, ordinal, facts, pod, cleanup, no_retry };
+                    let step = CleanupStep {
+                        o,
+                        policy,
+                        ordinal,
+                        facts,
+                        pod,
+                        cleanup,
+                        no_retry,
+                    };
                     step.plan(&mut plan);
                 }
             }
@@ -285,10 +337,15 @@ pub fn decide(o: &Observed, policy: &Policy) -> Plan {
         _ => {}
     }
 
-    if hold.is_none() {
-        if let Some(template) = &template {
-            create_cleanup_pods(o, policy, template, &pending, set_has_cleanup_pod, &mut plan);
-        }
+    if let (None, Some(template)) = (hold, &template) {
+        create_cleanup_pods(
+            o,
+            policy,
+            template,
+            &pending,
+            set_has_cleanup_pod,
+            &mut plan,
+        );
     }
 
     if background_deletion && opted_in {
@@ -296,9 +353,16 @@ pub fn decide(o: &Observed, policy: &Policy) -> Plan {
         let mut alive = stateful_pods.iter().filter(|p| !p.deleting);
         let one_at_a_time = !set.parallel;
         if !(one_at_a_time && stateful_pods.iter().any(|p| p.deleting)) {
-            let chosen: Vec<_> = if one_at_a_time { alive.next().into_iter().collect() } else { alive.collect() };
+            let chosen: Vec<_> = if one_at_a_time {
+                alive.next().into_iter().collect()
+            } else {
+                alive.collect()
+            };
             for pod in chosen {
-                plan.steps.push(Step::DeleteStatefulPod { name: pod.name.clone(), uid: pod.uid.clone() });
+                plan.steps.push(Step::DeleteStatefulPod {
+                    name: pod.name.clone(),
+                    uid: pod.uid.clone(),
+                });
             }
         }
     }
@@ -307,14 +371,22 @@ pub fn decide(o: &Observed, policy: &Policy) -> Plan {
         let done = if !opted_in || !set.deleting {
             // Opted out: release the set once nothing of ours runs; opted in and alive: keep it.
             !opted_in && !in_flight
-        } else if matches!(hold, Some(Hold::OrphanDeletion | Hold::RetainedByKubernetes)) {
+        } else if matches!(
+            hold,
+            Some(Hold::OrphanDeletion | Hold::RetainedByKubernetes)
+        ) {
             !in_flight
         } else {
             !in_flight && !claims_left
         };
         if done {
             plan.steps.push(Step::SetFinalizers {
-                finalizers: set.finalizers.iter().filter(|f| *f != naming::FINALIZER).cloned().collect(),
+                finalizers: set
+                    .finalizers
+                    .iter()
+                    .filter(|f| *f != naming::FINALIZER)
+                    .cloned()
+                    .collect(),
                 resource_version: set.resource_version.clone(),
                 adding: false,
             });
@@ -345,7 +417,9 @@ fn create_cleanup_pods(
         .max_in_flight
         .map_or(usize::MAX, |cap| cap.saturating_sub(o.cleanups_in_flight));
     for ordinal in chosen.into_iter().take(room) {
-        let Some(facts) = o.ordinals.get(&ordinal) else { continue };
+        let Some(facts) = o.ordinals.get(&ordinal) else {
+            continue;
+        };
         let volumes: Vec<(&str, Option<(&str, &str)>)> = set
             .claim_templates
             .iter()
@@ -365,7 +439,12 @@ fn create_cleanup_pods(
                 );
             }
         }
-        let attempt = facts.claims.iter().filter_map(|c| c.next_attempt).max().unwrap_or(1);
+        let attempt = facts
+            .claims
+            .iter()
+            .filter_map(|c| c.next_attempt)
+            .max()
+            .unwrap_or(1);
         let pod = template.render(&Target {
             namespace: &set.namespace,
             set: &set.name,
@@ -374,7 +453,11 @@ fn create_cleanup_pods(
             attempt,
             volumes,
         });
-        plan.steps.push(Step::CreateCleanupPod { ordinal, attempt, pod });
+        plan.steps.push(Step::CreateCleanupPod {
+            ordinal,
+            attempt,
+            pod,
+        });
     }
 }
 
@@ -387,7 +470,11 @@ fn clear_marks(plan: &mut Plan, facts: &OrdinalFacts, attempt: Option<u32>) {
             (None, _) => false,
         };
         if stale && claim.live() {
-            plan.steps.push(Step::MarkNextAttempt { claim: claim.name.clone(), uid: claim.uid.clone(), attempt: None });
+            plan.steps.push(Step::MarkNextAttempt {
+                claim: claim.name.clone(),
+                uid: claim.uid.clone(),
+                attempt: None,
+            });
         }
     }
 }
@@ -422,15 +509,24 @@ impl CleanupStep<'_> {
             .filter_map(|(name, uid)| {
                 let seen = self.facts.claims.iter().find(|c| c.name == *name)?;
                 // Only the claim the pod was created for, never a newer one with the same name.
-                uid.as_ref().is_none_or(|uid| *uid == seen.uid).then_some(seen)
+                uid.as_ref()
+                    .is_none_or(|uid| *uid == seen.uid)
+                    .then_some(seen)
             })
             .collect();
-        let names = claims.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ");
+        let names = claims
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
         plan.event(
             false,
             reason::CLEANUP_SUCCESS,
             pod.uid.clone(),
-            format!("cleanup pod {} succeeded; deleting its claims [{names}] and the pod", pod.name),
+            format!(
+                "cleanup pod {} succeeded; deleting its claims [{names}] and the pod",
+                pod.name
+            ),
         );
         if set.wants(ordinal) {
             plan.event(
@@ -444,11 +540,14 @@ impl CleanupStep<'_> {
             );
         }
         for claim in claims.iter().filter(|c| c.live()) {
-            plan.steps.push(Step::DeleteClaim { name: claim.name.clone(), uid: claim.uid.clone() });
+            plan.steps.push(Step::DeleteClaim {
+                name: claim.name.clone(),
+                uid: claim.uid.clone(),
+            });
         }
         // While the ordinal is wanted, the pod's name keeps the StatefulSet from recreating it on
         // the old claims: release the name only once they are gone.
-        if !(set.wants(ordinal) && !claims.is_empty()) {
+        if !set.wants(ordinal) || claims.is_empty() {
             plan.steps.push(Step::DeleteCleanupPod {
                 name: pod.name.clone(),
                 uid: pod.uid.clone(),
@@ -499,9 +598,7 @@ impl CleanupStep<'_> {
             format!("{what}; retrying in {}s", backoff.as_secs()),
         );
         let failed_at = failure.and_then(|f| f.finished_at).unwrap_or(self.o.now);
-        let retry_at = failed_at
-            .checked_add(backoff)
-            .unwrap_or(failed_at);
+        let retry_at = failed_at.checked_add(backoff).unwrap_or(failed_at);
         if retry_at > self.o.now {
             plan.requeue(crate::observe::until(self.o.now, retry_at));
             return;

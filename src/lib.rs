@@ -16,7 +16,14 @@
 //!                ─▶ act(Plan)                         the only writes to the API     (act)
 //! ```
 
+pub mod act;
+pub mod app;
+pub mod cli;
 pub mod decide;
+pub mod error;
+pub mod metrics;
 pub mod naming;
 pub mod observe;
+pub mod reconcile;
 pub mod template;
+pub mod watch;

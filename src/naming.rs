@@ -54,9 +54,8 @@ pub fn pod_ordinal(pod: &str, set: &str) -> Option<u32> {
 /// A canonical decimal ordinal: digits only, no sign, no leading zero, within the int32 range the
 /// StatefulSet API uses.
 pub fn parse_ordinal(s: &str) -> Option<u32> {
-    let canonical = !s.is_empty()
-        && s.bytes().all(|b| b.is_ascii_digit())
-        && (s == "0" || !s.starts_with('0'));
+    let canonical =
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
     if !canonical {
         return None;
     }
@@ -93,7 +92,11 @@ mod tests {
             ("b-c-a-3", "b", "c-a", Some(3)),
         ];
         for (claim, template, set, want) in cases {
-            assert_eq!(claim_ordinal(claim, template, set), want, "{claim} for {template}/{set}");
+            assert_eq!(
+                claim_ordinal(claim, template, set),
+                want,
+                "{claim} for {template}/{set}"
+            );
         }
     }
 

@@ -160,7 +160,11 @@ pub fn observe(set: &StatefulSet, sources: &Sources<'_>) -> Observed {
         .filter(|s| s.namespace().as_deref() == Some(ns) && s.name_any() != facts.name)
         .map(|s| set_facts(s))
         .collect();
-    for claim in sources.claims.iter().filter(|c| c.namespace().as_deref() == Some(ns)) {
+    for claim in sources
+        .claims
+        .iter()
+        .filter(|c| c.namespace().as_deref() == Some(ns))
+    {
         let name = claim.name_any();
         for template in &facts.claim_templates {
             let Some(ordinal) = naming::claim_ordinal(&name, template, &facts.name) else {
@@ -174,21 +178,27 @@ pub fn observe(set: &StatefulSet, sources: &Sources<'_>) -> Observed {
                     })
                 })
                 .map(|o| o.name.clone());
-            ordinals.entry(ordinal).or_default().claims.push(ClaimFacts {
-                template: template.clone(),
-                name: name.clone(),
-                uid: claim.uid().unwrap_or_default(),
-                deleting: claim.meta().deletion_timestamp.is_some(),
-                next_attempt: claim
-                    .annotations()
-                    .get(naming::NEXT_ATTEMPT_ANNOTATION)
-                    .and_then(|v| v.parse().ok()),
-                wanted_by_other,
-            });
+            ordinals
+                .entry(ordinal)
+                .or_default()
+                .claims
+                .push(ClaimFacts {
+                    template: template.clone(),
+                    name: name.clone(),
+                    uid: claim.uid().unwrap_or_default(),
+                    deleting: claim.meta().deletion_timestamp.is_some(),
+                    next_attempt: claim
+                        .annotations()
+                        .get(naming::NEXT_ATTEMPT_ANNOTATION)
+                        .and_then(|v| v.parse().ok()),
+                    wanted_by_other,
+                });
         }
     }
     for entry in ordinals.values_mut() {
-        entry.claims.sort_by_key(|c| facts.claim_templates.iter().position(|t| *t == c.template));
+        entry
+            .claims
+            .sort_by_key(|c| facts.claim_templates.iter().position(|t| *t == c.template));
     }
 
     let cleanup_pods: BTreeMap<&str, &Pod> = sources
@@ -197,7 +207,11 @@ pub fn observe(set: &StatefulSet, sources: &Sources<'_>) -> Observed {
         .filter(|p| p.namespace().as_deref() == Some(ns))
         .filter_map(|p| Some((p.metadata.name.as_deref()?, p.as_ref())))
         .collect();
-    for pod in sources.pods.iter().filter(|p| p.namespace().as_deref() == Some(ns)) {
+    for pod in sources
+        .pods
+        .iter()
+        .filter(|p| p.namespace().as_deref() == Some(ns))
+    {
         let name = pod.name_any();
         let Some(ordinal) = naming::pod_ordinal(&name, &facts.name) else {
             continue;
@@ -267,10 +281,15 @@ fn pod_role(pod: &PartialObjectMeta<Pod>, set_uid: &str, full: Option<&Pod>) -> 
             },
         });
     }
-    let owned = pod.owner_references().iter().any(|o| {
-        o.controller == Some(true) && o.kind == "StatefulSet" && o.uid == set_uid
-    });
-    if owned { PodRole::Stateful } else { PodRole::Foreign }
+    let owned = pod
+        .owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && o.kind == "StatefulSet" && o.uid == set_uid);
+    if owned {
+        PodRole::Stateful
+    } else {
+        PodRole::Foreign
+    }
 }
 
 /// The cleanup facts of a full cleanup pod.
@@ -319,7 +338,11 @@ pub fn cleanup_facts(pod: &Pod) -> CleanupFacts {
             )
             .max()
             .or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0));
-        Failure { reason, exit_code: failed.map(|t| t.exit_code), finished_at }
+        Failure {
+            reason,
+            exit_code: failed.map(|t| t.exit_code),
+            finished_at,
+        }
     });
     CleanupFacts {
         phase,
@@ -335,11 +358,20 @@ pub fn cleanup_facts(pod: &Pod) -> CleanupFacts {
 /// Whether a cleanup pod counts against `--max-concurrent-cleanups`.
 pub fn in_flight(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none()
-        && pod.annotations().get(naming::OWNER_ANNOTATION).is_some_and(|v| !v.is_empty())
-        && matches!(cleanup_facts(pod).phase, Phase::Pending | Phase::Running | Phase::Unknown)
+        && pod
+            .annotations()
+            .get(naming::OWNER_ANNOTATION)
+            .is_some_and(|v| !v.is_empty())
+        && matches!(
+            cleanup_facts(pod).phase,
+            Phase::Pending | Phase::Running | Phase::Unknown
+        )
 }
 
 /// Time left until `deadline`, zero when it has passed.
 pub fn until(now: Timestamp, deadline: Timestamp) -> Duration {
-    deadline.duration_since(now).try_into().unwrap_or(Duration::ZERO)
+    deadline
+        .duration_since(now)
+        .try_into()
+        .unwrap_or(Duration::ZERO)
 }

@@ -86,7 +86,9 @@ pub fn parse(
         })?,
     };
     let Value::Object(pod) = value else {
-        return Err(TemplateError::NotAPod("expected a mapping with metadata and spec".into()));
+        return Err(TemplateError::NotAPod(
+            "expected a mapping with metadata and spec".into(),
+        ));
     };
     check_kind(&pod)?;
     // Type-check against the Pod schema; unknown fields are ignored here and kept in `pod`.
@@ -125,7 +127,9 @@ pub fn parse(
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect::<Vec<_>>()
                 .join(",");
-            return Err(TemplateError::SelectorOverlap { labels: format!("{{{shown}}}") });
+            return Err(TemplateError::SelectorOverlap {
+                labels: format!("{{{shown}}}"),
+            });
         }
     }
     Ok(CleanupTemplate { pod })
@@ -140,7 +144,9 @@ fn check_kind(pod: &Map<String, Value>) -> Result<(), TemplateError> {
     match pod.get("apiVersion") {
         None | Some(Value::Null) => Ok(()),
         Some(Value::String(v)) if v == "v1" => Ok(()),
-        Some(other) => Err(TemplateError::NotAPod(format!("apiVersion is {other}, not v1"))),
+        Some(other) => Err(TemplateError::NotAPod(format!(
+            "apiVersion is {other}, not v1"
+        ))),
     }
 }
 
@@ -163,24 +169,38 @@ impl CleanupTemplate {
         let name = naming::pod_name(target.set, target.ordinal);
 
         let meta = object_entry(&mut pod, "metadata");
-        for server_owned in ["generateName", "uid", "resourceVersion", "creationTimestamp"] {
+        for server_owned in [
+            "generateName",
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+        ] {
             meta.remove(server_owned);
         }
         meta.insert("name".into(), json!(name));
         meta.insert("namespace".into(), json!(target.namespace));
         object_entry(meta, "labels").insert(naming::CLEANUP_LABEL.into(), json!(name));
-        let claims: BTreeMap<&str, &str> =
-            target.volumes.iter().filter_map(|(_, claim)| *claim).collect();
+        let claims: BTreeMap<&str, &str> = target
+            .volumes
+            .iter()
+            .filter_map(|(_, claim)| *claim)
+            .collect();
         let annotations = object_entry(meta, "annotations");
         annotations.insert(naming::OWNER_ANNOTATION.into(), json!(target.set));
-        annotations.insert(naming::ATTEMPT_ANNOTATION.into(), json!(target.attempt.to_string()));
+        annotations.insert(
+            naming::ATTEMPT_ANNOTATION.into(),
+            json!(target.attempt.to_string()),
+        );
         annotations.insert(
             naming::CLAIMS_ANNOTATION.into(),
             json!(serde_json::to_string(&claims).unwrap_or_default()),
         );
 
         let spec = object_entry(&mut pod, "spec");
-        let policy = spec.get("restartPolicy").and_then(Value::as_str).unwrap_or("");
+        let policy = spec
+            .get("restartPolicy")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         if policy.is_empty() {
             spec.insert("restartPolicy".into(), json!("OnFailure"));
         }
@@ -217,7 +237,10 @@ fn set_env(container: &mut Map<String, Value>, env: &[(&str, String)]) {
         let name = e.get("name").and_then(Value::as_str);
         !env.iter().any(|(n, _)| Some(*n) == name)
     });
-    list.extend(env.iter().map(|(name, value)| json!({"name": name, "value": value})));
+    list.extend(
+        env.iter()
+            .map(|(name, value)| json!({"name": name, "value": value})),
+    );
 }
 
 /// The object under `key`, created (or replacing a null or non-object) when needed.
@@ -284,9 +307,15 @@ mod tests {
             ),
             ("{not json", Err("CleanupTemplateInvalid")),
             ("- a\n- b\n", Err("CleanupTemplateInvalid")),
-            (r#"{"spec":{"containers":"nope"}}"#, Err("CleanupTemplateInvalid")),
+            (
+                r#"{"spec":{"containers":"nope"}}"#,
+                Err("CleanupTemplateInvalid"),
+            ),
             (r#"{"metadata":{}}"#, Err("CleanupTemplateInvalid")),
-            (r#"{"spec":{"containers":[]}}"#, Err("CleanupTemplateInvalid")),
+            (
+                r#"{"spec":{"containers":[]}}"#,
+                Err("CleanupTemplateInvalid"),
+            ),
             (
                 r#"{"kind":"Deployment","spec":{"containers":[{"name":"m","image":"x"}]}}"#,
                 Err("CleanupTemplateInvalid"),
@@ -317,7 +346,9 @@ mod tests {
             ),
         ];
         for (raw, want) in cases {
-            let got = parse(raw, &templates(), Some(&selector())).map(|_| ()).map_err(|e| e.reason());
+            let got = parse(raw, &templates(), Some(&selector()))
+                .map(|_| ())
+                .map_err(|e| e.reason());
             assert_eq!(&got, want, "template {raw}");
         }
     }
@@ -336,14 +367,23 @@ mod tests {
         assert_eq!(pod["metadata"]["labels"]["app"], "c");
         assert_eq!(pod["metadata"]["labels"]["scaledown-pod"], "web-2");
         assert_eq!(pod["metadata"]["annotations"]["a"], "b");
-        assert_eq!(pod["metadata"]["annotations"][naming::OWNER_ANNOTATION], "web");
-        assert_eq!(pod["metadata"]["annotations"][naming::ATTEMPT_ANNOTATION], "1");
+        assert_eq!(
+            pod["metadata"]["annotations"][naming::OWNER_ANNOTATION],
+            "web"
+        );
+        assert_eq!(
+            pod["metadata"]["annotations"][naming::ATTEMPT_ANNOTATION],
+            "1"
+        );
         assert_eq!(
             pod["metadata"]["annotations"][naming::CLAIMS_ANNOTATION],
             r#"{"data-web-2":"uid-d"}"#
         );
         assert_eq!(pod["spec"]["restartPolicy"], "OnFailure");
-        assert_eq!(pod["spec"]["futureField"]["x"], 1, "unknown fields pass through");
+        assert_eq!(
+            pod["spec"]["futureField"]["x"], 1,
+            "unknown fields pass through"
+        );
         assert_eq!(
             pod["spec"]["volumes"],
             json!([
@@ -364,13 +404,18 @@ mod tests {
         );
         // The rendered pod is a valid Pod for our bindings too.
         let typed: Pod = serde_json::from_value(pod).expect("a pod");
-        assert_eq!(typed.spec.and_then(|s| s.restart_policy).as_deref(), Some("OnFailure"));
+        assert_eq!(
+            typed.spec.and_then(|s| s.restart_policy).as_deref(),
+            Some("OnFailure")
+        );
     }
 
     #[test]
     fn never_is_kept() {
         let raw = r#"{"spec":{"restartPolicy":"Never","containers":[{"name":"m","image":"x"}]}}"#;
-        let pod = parse(raw, &templates(), None).expect("valid").render(&target());
+        let pod = parse(raw, &templates(), None)
+            .expect("valid")
+            .render(&target());
         assert_eq!(pod["spec"]["restartPolicy"], "Never");
     }
 }

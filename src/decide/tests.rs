@@ -7,7 +7,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
 
 use super::*;
-use crate::observe::{ClaimFacts, CleanupFacts, Failure, Observed, OrdinalFacts, Phase, PodFacts, PodRole, SetFacts};
+use crate::observe::{
+    ClaimFacts, CleanupFacts, Failure, Observed, OrdinalFacts, Phase, PodFacts, PodRole, SetFacts,
+};
 
 const TEMPLATE: &str = r#"{"metadata":{"labels":{"app":"web-cleanup"}},
   "spec":{"containers":[{"name":"main","image":"busybox","volumeMounts":[{"name":"data","mountPath":"/d"}]}]}}"#;
@@ -72,7 +74,11 @@ fn cleanup(ordinal: u32, phase: Phase, attempt: u32) -> PodFacts {
         role: PodRole::Cleanup(CleanupFacts {
             phase,
             attempt,
-            claims: [(format!("data-web-{ordinal}"), Some(format!("uid-data-{ordinal}")))].into(),
+            claims: [(
+                format!("data-web-{ordinal}"),
+                Some(format!("uid-data-{ordinal}")),
+            )]
+            .into(),
             failure: (phase == Phase::Failed).then(|| Failure {
                 reason: "Error".into(),
                 exit_code: Some(1),
@@ -83,9 +89,17 @@ fn cleanup(ordinal: u32, phase: Phase, attempt: u32) -> PodFacts {
 }
 
 /// Ordinals 0..n with a `data` claim and, for ordinals in `pods`, a stateful pod.
-fn with_claims(mut o: Observed, claims: std::ops::Range<u32>, pods: std::ops::Range<u32>) -> Observed {
+fn with_claims(
+    mut o: Observed,
+    claims: std::ops::Range<u32>,
+    pods: std::ops::Range<u32>,
+) -> Observed {
     for n in claims {
-        o.ordinals.entry(n).or_default().claims.push(claim("data", n));
+        o.ordinals
+            .entry(n)
+            .or_default()
+            .claims
+            .push(claim("data", n));
     }
     for n in pods {
         o.ordinals.entry(n).or_default().pod = Some(stateful(n));
@@ -103,9 +117,15 @@ fn summary(plan: &Plan) -> Vec<String> {
         .iter()
         .map(|s| match s {
             Step::SetFinalizers { adding: true, .. } => "finalizer+".to_string(),
-            Step::SetFinalizers { adding: false, finalizers, .. } => format!("finalizer- {finalizers:?}"),
+            Step::SetFinalizers {
+                adding: false,
+                finalizers,
+                ..
+            } => format!("finalizer- {finalizers:?}"),
             Step::DeleteStatefulPod { name, .. } => format!("delete-stateful {name}"),
-            Step::CreateCleanupPod { ordinal, attempt, .. } => format!("create web-{ordinal}#{attempt}"),
+            Step::CreateCleanupPod {
+                ordinal, attempt, ..
+            } => format!("create web-{ordinal}#{attempt}"),
             Step::DeleteClaim { name, uid } => format!("delete-claim {name} {uid}"),
             Step::DeleteCleanupPod { name, why, .. } => format!("delete-cleanup {name} {why:?}"),
             Step::MarkNextAttempt { claim, attempt, .. } => format!("mark {claim} {attempt:?}"),
@@ -133,7 +153,11 @@ fn opt_in_and_finalizer() {
     let mut no_annotation = with_claims(web(2), 0..3, 0..2);
     no_annotation.set.template = None;
     no_annotation.set.finalizers.clear();
-    assert_eq!(plan(&no_annotation), Vec::<String>::new(), "unannotated sets are never touched");
+    assert_eq!(
+        plan(&no_annotation),
+        Vec::<String>::new(),
+        "unannotated sets are never touched"
+    );
 
     let mut no_templates = with_claims(web(2), 0..3, 0..2);
     no_templates.set.claim_templates.clear();
@@ -144,13 +168,19 @@ fn opt_in_and_finalizer() {
     new.set.finalizers = vec!["other".into()];
     let p = decide(&new, &Policy::default());
     assert_eq!(summary(&p), ["finalizer+"]);
-    assert!(matches!(&p.steps[0], Step::SetFinalizers { finalizers, resource_version, .. }
-        if *finalizers == ["other", naming::FINALIZER] && resource_version == "7"));
+    assert!(
+        matches!(&p.steps[0], Step::SetFinalizers { finalizers, resource_version, .. }
+        if *finalizers == ["other", naming::FINALIZER] && resource_version == "7")
+    );
 
     let mut deleting_without = with_claims(web(3), 0..0, 0..0);
     deleting_without.set.finalizers.clear();
     deleting_without.set.deleting = true;
-    assert_eq!(plan(&deleting_without), Vec::<String>::new(), "no finalizer is added to a deleting set");
+    assert_eq!(
+        plan(&deleting_without),
+        Vec::<String>::new(),
+        "no finalizer is added to a deleting set"
+    );
 }
 
 #[test]
@@ -158,10 +188,20 @@ fn scale_down_table() {
     let mut two_templates = with_claims(web(1), 0..2, 0..1);
     two_templates.set.claim_templates = vec!["data".into(), "logs".into()];
     for n in 0..2 {
-        two_templates.ordinals.entry(n).or_default().claims.push(claim("logs", n));
+        two_templates
+            .ordinals
+            .entry(n)
+            .or_default()
+            .claims
+            .push(claim("logs", n));
     }
     let mut one_missing = two_templates.clone();
-    one_missing.ordinals.entry(1).or_default().claims.retain(|c| c.template == "data");
+    one_missing
+        .ordinals
+        .entry(1)
+        .or_default()
+        .claims
+        .retain(|c| c.template == "data");
 
     let mut terminating = with_claims(web(2), 0..3, 0..2);
     terminating.ordinals.entry(2).or_default().claims[0].deleting = true;
@@ -188,23 +228,62 @@ fn scale_down_table() {
     when_scaled.set.when_scaled_delete = true;
 
     let mut foreign = with_claims(web(2), 0..3, 0..2);
-    set_pod(&mut foreign, 2, PodFacts { role: PodRole::Foreign, ..stateful(2) });
+    set_pod(
+        &mut foreign,
+        2,
+        PodFacts {
+            role: PodRole::Foreign,
+            ..stateful(2)
+        },
+    );
 
     let cases: Vec<(&str, Observed, Vec<&str>)> = vec![
         ("steady state", with_claims(web(3), 0..3, 0..3), vec![]),
-        ("basic 3->2", with_claims(web(2), 0..3, 0..2), vec!["create web-2#1"]),
+        (
+            "basic 3->2",
+            with_claims(web(2), 0..3, 0..2),
+            vec!["create web-2#1"],
+        ),
         ("pod still terminating", slow_pod, vec![]),
-        ("scale to zero", with_claims(web(0), 0..1, 0..0), vec!["create web-0#1"]),
-        ("ordered 4->1: highest only", with_claims(web(1), 0..4, 0..1), vec!["create web-3#1"]),
-        ("parallel 5->2: all", parallel, vec!["create web-4#1", "create web-3#1", "create web-2#1"]),
+        (
+            "scale to zero",
+            with_claims(web(0), 0..1, 0..0),
+            vec!["create web-0#1"],
+        ),
+        (
+            "ordered 4->1: highest only",
+            with_claims(web(1), 0..4, 0..1),
+            vec!["create web-3#1"],
+        ),
+        (
+            "parallel 5->2: all",
+            parallel,
+            vec!["create web-4#1", "create web-3#1", "create web-2#1"],
+        ),
         ("two templates", two_templates, vec!["create web-1#1"]),
-        ("one claim missing", one_missing, vec!["warn ClaimMissing", "create web-1#1"]),
-        ("claim above replicas that never had a pod", with_claims(web(2), 5..6, 0..0), vec!["create web-5#1"]),
+        (
+            "one claim missing",
+            one_missing,
+            vec!["warn ClaimMissing", "create web-1#1"],
+        ),
+        (
+            "claim above replicas that never had a pod",
+            with_claims(web(2), 5..6, 0..0),
+            vec!["create web-5#1"],
+        ),
         ("ordinals.start", start, vec!["create web-7#1"]),
         ("claim already terminating", terminating, vec![]),
         ("hole below replicas", hole, vec![]),
-        ("claim of another set", conflict, vec!["warn ClaimOwnershipConflict"]),
-        ("whenScaled: Delete", when_scaled, vec!["warn RetentionPolicyConflict"]),
+        (
+            "claim of another set",
+            conflict,
+            vec!["warn ClaimOwnershipConflict"],
+        ),
+        (
+            "whenScaled: Delete",
+            when_scaled,
+            vec!["warn RetentionPolicyConflict"],
+        ),
         ("foreign pod", foreign, vec!["warn ForeignPod"]),
     ];
     for (name, o, want) in cases {
@@ -220,8 +299,14 @@ fn created_pod_mounts_the_ordinals_claims() {
     let pod = created_pods(&p)[0];
     assert_eq!(pod["metadata"]["name"], "web-1");
     assert_eq!(pod["metadata"]["labels"]["scaledown-pod"], "web-1");
-    assert_eq!(pod["metadata"]["annotations"][naming::OWNER_ANNOTATION], "web");
-    assert_eq!(pod["metadata"]["annotations"][naming::CLAIMS_ANNOTATION], r#"{"data-web-1":"uid-data-1"}"#);
+    assert_eq!(
+        pod["metadata"]["annotations"][naming::OWNER_ANNOTATION],
+        "web"
+    );
+    assert_eq!(
+        pod["metadata"]["annotations"][naming::CLAIMS_ANNOTATION],
+        r#"{"data-web-1":"uid-data-1"}"#
+    );
     assert_eq!(
         pod["spec"]["volumes"],
         serde_json::json!([
@@ -236,15 +321,28 @@ fn created_pod_mounts_the_ordinals_claims() {
 fn template_errors_warn_and_create_nothing() {
     let cases = [
         ("{oops", "CleanupTemplateInvalid"),
-        (r#"{"spec":{"restartPolicy":"Always","containers":[{"name":"m","image":"x"}]}}"#, "CleanupTemplateRestartPolicy"),
-        (r#"{"metadata":{"labels":{"app":"web"}},"spec":{"containers":[{"name":"m","image":"x"}]}}"#, "CleanupTemplateSelectorOverlap"),
-        (r#"{"spec":{"containers":[{"name":"m","image":"x"}],"volumes":[{"name":"data","emptyDir":{}}]}}"#, "CleanupTemplateVolumeClash"),
+        (
+            r#"{"spec":{"restartPolicy":"Always","containers":[{"name":"m","image":"x"}]}}"#,
+            "CleanupTemplateRestartPolicy",
+        ),
+        (
+            r#"{"metadata":{"labels":{"app":"web"}},"spec":{"containers":[{"name":"m","image":"x"}]}}"#,
+            "CleanupTemplateSelectorOverlap",
+        ),
+        (
+            r#"{"spec":{"containers":[{"name":"m","image":"x"}],"volumes":[{"name":"data","emptyDir":{}}]}}"#,
+            "CleanupTemplateVolumeClash",
+        ),
     ];
     for (raw, reason) in cases {
         let mut o = with_claims(web(2), 0..3, 0..2);
         o.set.template = Some(raw.into());
         o.set.finalizers.clear();
-        assert_eq!(plan(&o), ["finalizer+".to_string(), format!("warn {reason}")], "{raw}");
+        assert_eq!(
+            plan(&o),
+            ["finalizer+".to_string(), format!("warn {reason}")],
+            "{raw}"
+        );
     }
 }
 
@@ -253,13 +351,21 @@ fn ordered_sets_clean_one_ordinal_at_a_time() {
     let base = with_claims(web(1), 0..4, 0..1);
     let mut running = base.clone();
     set_pod(&mut running, 3, cleanup(3, Phase::Running, 1));
-    assert_eq!(plan(&running), Vec::<String>::new(), "no second cleanup while one runs");
+    assert_eq!(
+        plan(&running),
+        Vec::<String>::new(),
+        "no second cleanup while one runs"
+    );
 
     let mut succeeded = base.clone();
     set_pod(&mut succeeded, 3, cleanup(3, Phase::Succeeded, 1));
     assert_eq!(
         plan(&succeeded),
-        ["event CleanupSuccess", "delete-claim data-web-3 uid-data-3", "delete-cleanup web-3 Completed"]
+        [
+            "event CleanupSuccess",
+            "delete-claim data-web-3 uid-data-3",
+            "delete-cleanup web-3 Completed"
+        ]
     );
 
     let mut next = base.clone();
@@ -268,11 +374,26 @@ fn ordered_sets_clean_one_ordinal_at_a_time() {
 
     let mut gave_up = base.clone();
     set_pod(&mut gave_up, 3, cleanup(3, Phase::Failed, 3));
-    assert_eq!(plan(&gave_up), ["warn CleanupGaveUp"], "a given-up ordinal holds the lower ones back");
+    assert_eq!(
+        plan(&gave_up),
+        ["warn CleanupGaveUp"],
+        "a given-up ordinal holds the lower ones back"
+    );
 
     let mut waiting_for_pod = base;
-    set_pod(&mut waiting_for_pod, 3, PodFacts { deleting: true, ..stateful(3) });
-    assert_eq!(plan(&waiting_for_pod), Vec::<String>::new(), "highest first: wait for pod 3 to go");
+    set_pod(
+        &mut waiting_for_pod,
+        3,
+        PodFacts {
+            deleting: true,
+            ..stateful(3)
+        },
+    );
+    assert_eq!(
+        plan(&waiting_for_pod),
+        Vec::<String>::new(),
+        "highest first: wait for pod 3 to go"
+    );
 }
 
 #[test]
@@ -294,11 +415,20 @@ fn completion_table() {
     scaled_up_claims_gone.ordinals.entry(2).or_default();
     let mut two_templates = succeeded(with_claims(web(2), 0..3, 0..2));
     two_templates.set.claim_templates.push("logs".into());
-    if let Some(PodFacts { role: PodRole::Cleanup(c), .. }) = two_templates.ordinals.entry(2).or_default().pod.as_mut() {
-        c.claims.insert("logs-web-2".into(), Some("uid-logs-2".into()));
+    if let Some(PodFacts {
+        role: PodRole::Cleanup(c),
+        ..
+    }) = two_templates.ordinals.entry(2).or_default().pod.as_mut()
+    {
+        c.claims
+            .insert("logs-web-2".into(), Some("uid-logs-2".into()));
     }
     let mut go_original = succeeded(with_claims(web(2), 0..3, 0..2));
-    if let Some(PodFacts { role: PodRole::Cleanup(c), .. }) = go_original.ordinals.entry(2).or_default().pod.as_mut() {
+    if let Some(PodFacts {
+        role: PodRole::Cleanup(c),
+        ..
+    }) = go_original.ordinals.entry(2).or_default().pod.as_mut()
+    {
         c.claims = [("data-web-2".to_string(), None)].into();
     }
 
@@ -306,30 +436,62 @@ fn completion_table() {
         (
             "succeeded",
             succeeded(with_claims(web(2), 0..3, 0..2)),
-            vec!["event CleanupSuccess", "delete-claim data-web-2 uid-data-2", "delete-cleanup web-2 Completed"],
+            vec![
+                "event CleanupSuccess",
+                "delete-claim data-web-2 uid-data-2",
+                "delete-cleanup web-2 Completed",
+            ],
         ),
-        ("claims already gone (crash after deleting them)", gone, vec!["event CleanupSuccess", "delete-cleanup web-2 Completed"]),
-        ("claims terminating", terminating, vec!["event CleanupSuccess", "delete-cleanup web-2 Completed"]),
-        ("a new claim with the same name is never deleted", replaced, vec!["event CleanupSuccess", "delete-cleanup web-2 Completed"]),
+        (
+            "claims already gone (crash after deleting them)",
+            gone,
+            vec!["event CleanupSuccess", "delete-cleanup web-2 Completed"],
+        ),
+        (
+            "claims terminating",
+            terminating,
+            vec!["event CleanupSuccess", "delete-cleanup web-2 Completed"],
+        ),
+        (
+            "a new claim with the same name is never deleted",
+            replaced,
+            vec!["event CleanupSuccess", "delete-cleanup web-2 Completed"],
+        ),
         (
             "two templates, one claim missing: the other is still deleted",
             two_templates,
-            vec!["event CleanupSuccess", "delete-claim data-web-2 uid-data-2", "delete-cleanup web-2 Completed"],
+            vec![
+                "event CleanupSuccess",
+                "delete-claim data-web-2 uid-data-2",
+                "delete-cleanup web-2 Completed",
+            ],
         ),
         (
             "scaled up during cleanup: claims first, the name lock holds",
             scaled_up,
-            vec!["event CleanupSuccess", "event ScaledUpDuringCleanup", "delete-claim data-web-2 uid-data-2"],
+            vec![
+                "event CleanupSuccess",
+                "event ScaledUpDuringCleanup",
+                "delete-claim data-web-2 uid-data-2",
+            ],
         ),
         (
             "scaled up during cleanup, claims gone: release the name",
             scaled_up_claims_gone,
-            vec!["event CleanupSuccess", "event ScaledUpDuringCleanup", "delete-cleanup web-2 Completed"],
+            vec![
+                "event CleanupSuccess",
+                "event ScaledUpDuringCleanup",
+                "delete-cleanup web-2 Completed",
+            ],
         ),
         (
             "pod of the Go original (no recorded UIDs)",
             go_original,
-            vec!["event CleanupSuccess", "delete-claim data-web-2 uid-data-2", "delete-cleanup web-2 Completed"],
+            vec![
+                "event CleanupSuccess",
+                "delete-claim data-web-2 uid-data-2",
+                "delete-cleanup web-2 Completed",
+            ],
         ),
     ];
     for (name, o, want) in cases {
@@ -339,11 +501,16 @@ fn completion_table() {
 
 #[test]
 fn failures_retry_with_backoff_then_give_up() {
-    let policy = Policy { backoff_base: Duration::from_secs(10), ..Policy::default() };
+    let policy = Policy {
+        backoff_base: Duration::from_secs(10),
+        ..Policy::default()
+    };
     let failed = |attempt: u32, seconds_later: i64| {
         let mut o = with_claims(web(2), 0..3, 0..2);
         set_pod(&mut o, 2, cleanup(2, Phase::Failed, attempt));
-        o.now = t0().checked_add(k8s_openapi::jiff::SignedDuration::from_secs(seconds_later)).expect("time");
+        o.now = t0()
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(seconds_later))
+            .expect("time");
         o
     };
 
@@ -352,27 +519,57 @@ fn failures_retry_with_backoff_then_give_up() {
     assert_eq!(waiting.requeue_after, Some(Duration::from_secs(7)));
 
     let retry = decide(&failed(1, 10), &policy);
-    assert_eq!(summary(&retry), ["warn CleanupFailed", "mark data-web-2 Some(2)", "delete-cleanup web-2 Retry"]);
+    assert_eq!(
+        summary(&retry),
+        [
+            "warn CleanupFailed",
+            "mark data-web-2 Some(2)",
+            "delete-cleanup web-2 Retry"
+        ]
+    );
 
     let second = decide(&failed(2, 19), &policy);
-    assert_eq!(second.requeue_after, Some(Duration::from_secs(1)), "second backoff is 20 s");
+    assert_eq!(
+        second.requeue_after,
+        Some(Duration::from_secs(1)),
+        "second backoff is 20 s"
+    );
 
-    assert_eq!(summary(&decide(&failed(3, 1000), &policy)), ["warn CleanupGaveUp"]);
+    assert_eq!(
+        summary(&decide(&failed(3, 1000), &policy)),
+        ["warn CleanupGaveUp"]
+    );
 
     let mut marked = with_claims(web(2), 0..3, 0..2);
     marked.ordinals.entry(2).or_default().claims[0].next_attempt = Some(2);
-    assert_eq!(summary(&decide(&marked, &policy)), ["create web-2#2"], "the mark survives a restart");
+    assert_eq!(
+        summary(&decide(&marked, &policy)),
+        ["create web-2#2"],
+        "the mark survives a restart"
+    );
 
     let mut running_marked = marked.clone();
     set_pod(&mut running_marked, 2, cleanup(2, Phase::Running, 2));
-    assert_eq!(summary(&decide(&running_marked, &policy)), ["mark data-web-2 None"], "stale mark cleared");
+    assert_eq!(
+        summary(&decide(&running_marked, &policy)),
+        ["mark data-web-2 None"],
+        "stale mark cleared"
+    );
 
     let mut wanted_again = failed(1, 1000);
     wanted_again.set.replicas = 3;
-    assert_eq!(summary(&decide(&wanted_again, &policy)), ["warn CleanupFailed"], "no retry once the ordinal is wanted");
+    assert_eq!(
+        summary(&decide(&wanted_again, &policy)),
+        ["warn CleanupFailed"],
+        "no retry once the ordinal is wanted"
+    );
 
     let deleted_by_user = with_claims(web(2), 0..3, 0..2);
-    assert_eq!(summary(&decide(&deleted_by_user, &policy)), ["create web-2#1"], "a deleted cleanup pod is recreated");
+    assert_eq!(
+        summary(&decide(&deleted_by_user, &policy)),
+        ["create web-2#1"],
+        "a deleted cleanup pod is recreated"
+    );
 }
 
 #[test]
@@ -380,7 +577,10 @@ fn concurrency_cap_counts_cleanups_everywhere() {
     let mut o = with_claims(web(2), 0..5, 0..2);
     o.set.parallel = true;
     o.cleanups_in_flight = 1;
-    let capped = Policy { max_in_flight: Some(2), ..Policy::default() };
+    let capped = Policy {
+        max_in_flight: Some(2),
+        ..Policy::default()
+    };
     assert_eq!(summary(&decide(&o, &capped)), ["create web-4#1"]);
     o.cleanups_in_flight = 2;
     assert_eq!(summary(&decide(&o, &capped)), Vec::<String>::new());
@@ -395,7 +595,10 @@ fn deletion_table() {
         o
     };
     let ours = naming::FINALIZER;
-    let mut fg_pods_going = deleting(with_claims(web(3), 0..3, 0..3), &["foregroundDeletion", ours]);
+    let mut fg_pods_going = deleting(
+        with_claims(web(3), 0..3, 0..3),
+        &["foregroundDeletion", ours],
+    );
     for f in fg_pods_going.ordinals.values_mut() {
         if let Some(p) = f.pod.as_mut() {
             p.deleting = true;
@@ -425,31 +628,86 @@ fn deletion_table() {
     annotation_removed.set.template = None;
     let mut annotation_removed_running = with_claims(web(2), 0..3, 0..2);
     annotation_removed_running.set.template = None;
-    set_pod(&mut annotation_removed_running, 2, cleanup(2, Phase::Running, 1));
+    set_pod(
+        &mut annotation_removed_running,
+        2,
+        cleanup(2, Phase::Running, 1),
+    );
 
     let cases: Vec<(&str, Observed, Vec<&str>)> = vec![
-        ("foreground: wait for the GC to delete the pods", fg_pods_going, vec![]),
+        (
+            "foreground: wait for the GC to delete the pods",
+            fg_pods_going,
+            vec![],
+        ),
         (
             "foreground: pods gone, clean highest first",
-            deleting(with_claims(web(3), 0..3, 0..0), &["foregroundDeletion", ours]),
+            deleting(
+                with_claims(web(3), 0..3, 0..0),
+                &["foregroundDeletion", ours],
+            ),
             vec!["create web-2#1"],
         ),
-        ("background: we delete the highest pod", deleting(with_claims(web(3), 0..3, 0..3), &[ours]), vec!["delete-stateful web-2"]),
+        (
+            "background: we delete the highest pod",
+            deleting(with_claims(web(3), 0..3, 0..3), &[ours]),
+            vec!["delete-stateful web-2"],
+        ),
         ("background: one pod at a time", bg_one_going, vec![]),
-        ("background, Parallel: all pods", bg_parallel, vec!["delete-stateful web-2", "delete-stateful web-1", "delete-stateful web-0"]),
+        (
+            "background, Parallel: all pods",
+            bg_parallel,
+            vec![
+                "delete-stateful web-2",
+                "delete-stateful web-1",
+                "delete-stateful web-0",
+            ],
+        ),
         (
             "orphan: finalizer released, nothing cleaned",
             deleting(with_claims(web(3), 0..3, 0..3), &["orphan", ours]),
             vec!["event OrphanDeletion", "finalizer- [\"orphan\"]"],
         ),
-        ("orphan seen after the GC dropped its finalizer", orphaned_pods, vec!["event OrphanDeletion", "finalizer- []"]),
-        ("orphan: a running cleanup finishes first", orphan_running, vec!["event OrphanDeletion"]),
-        ("a running cleanup holds the finalizer", cleanup_running, vec![]),
-        ("claims left hold the finalizer", deleting(with_claims(web(3), 0..3, 0..1), &[ours]), vec!["create web-2#1", "delete-stateful web-0"]),
-        ("all cleaned: finalizer released", deleting(with_claims(web(3), 0..0, 0..0), &["x", ours]), vec!["finalizer- [\"x\"]"]),
-        ("whenDeleted: Delete", when_deleted, vec!["warn RetentionPolicyConflict", "finalizer- []"]),
-        ("annotation removed", annotation_removed, vec!["finalizer- []"]),
-        ("annotation removed while a cleanup runs", annotation_removed_running, vec![]),
+        (
+            "orphan seen after the GC dropped its finalizer",
+            orphaned_pods,
+            vec!["event OrphanDeletion", "finalizer- []"],
+        ),
+        (
+            "orphan: a running cleanup finishes first",
+            orphan_running,
+            vec!["event OrphanDeletion"],
+        ),
+        (
+            "a running cleanup holds the finalizer",
+            cleanup_running,
+            vec![],
+        ),
+        (
+            "claims left hold the finalizer",
+            deleting(with_claims(web(3), 0..3, 0..1), &[ours]),
+            vec!["create web-2#1", "delete-stateful web-0"],
+        ),
+        (
+            "all cleaned: finalizer released",
+            deleting(with_claims(web(3), 0..0, 0..0), &["x", ours]),
+            vec!["finalizer- [\"x\"]"],
+        ),
+        (
+            "whenDeleted: Delete",
+            when_deleted,
+            vec!["warn RetentionPolicyConflict", "finalizer- []"],
+        ),
+        (
+            "annotation removed",
+            annotation_removed,
+            vec!["finalizer- []"],
+        ),
+        (
+            "annotation removed while a cleanup runs",
+            annotation_removed_running,
+            vec![],
+        ),
     ];
     for (name, o, want) in cases {
         assert_eq!(plan(&o), want, "{name}");
@@ -479,7 +737,11 @@ fn deterministic() {
 
 #[test]
 fn backoff_doubles_and_caps() {
-    let p = Policy { backoff_base: Duration::from_secs(10), backoff_max: Duration::from_secs(60), ..Policy::default() };
+    let p = Policy {
+        backoff_base: Duration::from_secs(10),
+        backoff_max: Duration::from_secs(60),
+        ..Policy::default()
+    };
     let got: Vec<u64> = (1..=5).map(|a| p.backoff(a).as_secs()).collect();
     assert_eq!(got, [10, 20, 40, 60, 60]);
     assert_eq!(p.backoff(u32::MAX), Duration::from_secs(60));

@@ -1,0 +1,153 @@
+//! Command-line flags. Names follow the Go original where it had the flag, Kubernetes controller
+//! conventions elsewhere; every flag has a default and an environment fallback where one is usual.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::decide::Policy;
+use crate::error::Error;
+
+/// File where Kubernetes mounts the namespace of a pod's ServiceAccount.
+const SERVICEACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+#[derive(Clone, Debug, Parser)]
+#[command(name = "statefulset-scaledown-controller", version, about)]
+pub struct Args {
+    /// Path to a kubeconfig; without it, in-cluster config or $KUBECONFIG is used.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// API server URL, overriding the one in the kubeconfig.
+    #[arg(long)]
+    pub master: Option<String>,
+
+    /// Watch and act in this namespace only (default: all namespaces).
+    #[arg(long, conflicts_with = "local_only")]
+    pub namespace: Option<String>,
+
+    /// Watch and act only in the controller's own namespace (the Go original's flag).
+    #[arg(long = "localOnly")]
+    pub local_only: bool,
+
+    /// The controller's own namespace, for --localOnly (downward API).
+    #[arg(long, env = "POD_NAMESPACE", hide = true)]
+    pub pod_namespace: Option<String>,
+
+    /// The controller's own pod name, used as the Event reporting instance (downward API).
+    #[arg(long, env = "POD_NAME", hide = true)]
+    pub pod_name: Option<String>,
+
+    /// Log and report (as Events) what would be done, and write nothing else.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Cleanup pods allowed in flight at once across everything watched; 0 = no cap.
+    #[arg(long, default_value_t = 0)]
+    pub max_concurrent_cleanups: usize,
+
+    /// Attempts of one ordinal's cleanup before the controller gives up and keeps the failed pod.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub cleanup_attempts: u32,
+
+    /// Wait after the first failed attempt; it doubles with every further attempt.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub cleanup_backoff: Duration,
+
+    /// The longest wait between attempts.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub cleanup_backoff_max: Duration,
+
+    /// Every StatefulSet is looked at again after this long even without a change.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub resync_period: Duration,
+
+    /// StatefulSets reconciled at once.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: u16,
+
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Log filter in tracing's EnvFilter syntax (e.g. "info", "statefulset_scaledown_controller=debug").
+    #[arg(long, env = "RUST_LOG", default_value = "info")]
+    pub log_level: String,
+
+    /// Accepted for compatibility with the Go original's glog flags; ignored.
+    #[arg(long = "alsologtostderr", hide = true)]
+    pub also_log_to_stderr: bool,
+    #[arg(long = "logtostderr", hide = true)]
+    pub log_to_stderr: bool,
+    #[arg(long = "v", hide = true)]
+    pub glog_verbosity: Option<u8>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Args {
+    /// The namespace to watch, or `None` for all of them.
+    pub fn scope(&self) -> Result<Option<String>, Error> {
+        if let Some(ns) = &self.namespace {
+            return Ok(Some(ns.clone()));
+        }
+        if !self.local_only {
+            return Ok(None);
+        }
+        if let Some(ns) = self.pod_namespace.as_ref().filter(|n| !n.is_empty()) {
+            return Ok(Some(ns.clone()));
+        }
+        std::fs::read_to_string(SERVICEACCOUNT_NAMESPACE)
+            .map(|ns| Some(ns.trim().to_string()))
+            .map_err(|e| {
+                Error::Config(format!(
+                    "--localOnly needs the controller's namespace: set POD_NAMESPACE or run in a pod ({SERVICEACCOUNT_NAMESPACE}: {e})"
+                ))
+            })
+    }
+
+    pub fn policy(&self) -> Policy {
+        Policy {
+            max_attempts: self.cleanup_attempts,
+            backoff_base: self.cleanup_backoff,
+            backoff_max: self.cleanup_backoff_max.max(self.cleanup_backoff),
+            max_in_flight: (self.max_concurrent_cleanups > 0)
+                .then_some(self.max_concurrent_cleanups),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_compat_flags() {
+        let args = Args::try_parse_from(["c", "--alsologtostderr", "--v", "3"]).expect("parses");
+        assert_eq!(args.scope().expect("scope"), None);
+        assert_eq!(args.policy(), Policy::default());
+        let args =
+            Args::try_parse_from(["c", "--localOnly", "--pod-namespace", "apps"]).expect("parses");
+        assert_eq!(args.scope().expect("scope").as_deref(), Some("apps"));
+        let args = Args::try_parse_from([
+            "c",
+            "--namespace",
+            "x",
+            "--max-concurrent-cleanups",
+            "2",
+            "--cleanup-backoff",
+            "1s",
+        ])
+        .expect("parses");
+        assert_eq!(args.scope().expect("scope").as_deref(), Some("x"));
+        assert_eq!(args.policy().max_in_flight, Some(2));
+        assert_eq!(args.policy().backoff_base, Duration::from_secs(1));
+        assert!(Args::try_parse_from(["c", "--namespace", "x", "--localOnly"]).is_err());
+        assert!(Args::try_parse_from(["c", "--cleanup-attempts", "0"]).is_err());
+    }
+}

@@ -1,0 +1,203 @@
+//! WATCH: the caches we decide from and the mapping of every change to the StatefulSet it concerns.
+//!
+//! Four watches: StatefulSets (full objects: spec and annotations are read), claims and pods as
+//! metadata only (names, UIDs, owners, deletion marks are all we need of them), and a full watch of
+//! cleanup pods only (label `scaledown-pod`), whose phase and volumes we read.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+
+use crate::naming;
+
+/// The caches, shared by the controller and the HTTP readiness probe.
+#[derive(Clone)]
+pub struct Stores {
+    pub sets: Store<StatefulSet>,
+    pub claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+    pub pods: Store<PartialObjectMeta<Pod>>,
+    pub cleanup_pods: Store<Pod>,
+}
+
+impl Stores {
+    /// Waits until every cache has its first full list.
+    pub async fn ready(&self) -> Result<(), crate::error::Error> {
+        use crate::error::Error::CacheNotReady;
+        self.sets
+            .wait_until_ready()
+            .await
+            .map_err(|_| CacheNotReady("statefulset"))?;
+        self.claims
+            .wait_until_ready()
+            .await
+            .map_err(|_| CacheNotReady("claim"))?;
+        self.pods
+            .wait_until_ready()
+            .await
+            .map_err(|_| CacheNotReady("pod"))?;
+        self.cleanup_pods
+            .wait_until_ready()
+            .await
+            .map_err(|_| CacheNotReady("cleanup pod"))?;
+        Ok(())
+    }
+}
+
+/// Label selector of the cleanup-pod watch.
+pub fn cleanup_selector() -> String {
+    naming::CLEANUP_LABEL.to_string()
+}
+
+/// The StatefulSet a pod concerns: the owner annotation of a cleanup pod, else its StatefulSet
+/// controller.
+pub fn set_of_pod<K: Resource>(pod: &K) -> Option<ObjectRef<StatefulSet>> {
+    let ns = pod.meta().namespace.as_deref()?;
+    let owner = pod
+        .meta()
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(naming::OWNER_ANNOTATION));
+    match owner.filter(|o| !o.is_empty()) {
+        Some(set) => Some(ObjectRef::new(set).within(ns)),
+        None => pod
+            .meta()
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true) && o.kind == "StatefulSet")
+            .map(|o| ObjectRef::new(&o.name).within(ns)),
+    }
+}
+
+/// The StatefulSets whose claim templates give a claim this name, in the claim's namespace.
+pub fn sets_of_claim<K: Resource>(
+    claim: &K,
+    sets: &[Arc<StatefulSet>],
+) -> Vec<ObjectRef<StatefulSet>> {
+    let (Some(ns), Some(name)) = (
+        claim.meta().namespace.as_deref(),
+        claim.meta().name.as_deref(),
+    ) else {
+        return Vec::new();
+    };
+    sets.iter()
+        .filter(|s| s.namespace().as_deref() == Some(ns))
+        .filter(|s| {
+            let set = s.name_any();
+            s.spec
+                .iter()
+                .flat_map(|spec| spec.volume_claim_templates.iter().flatten())
+                .filter_map(|t| t.metadata.name.as_deref())
+                .any(|t| naming::claim_ordinal(name, t, &set).is_some())
+        })
+        .map(|s| ObjectRef::from(s.as_ref()))
+        .collect()
+}
+
+/// Drops what we never read, so the caches stay small.
+pub fn prune_meta<K: Resource>(obj: &mut K, keep_annotations: &[&str]) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, _| keep_annotations.contains(&k.as_str()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::StatefulSetSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+    fn set(ns: &str, name: &str, templates: &[&str]) -> Arc<StatefulSet> {
+        Arc::new(StatefulSet {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(ns.into()),
+                ..Default::default()
+            },
+            spec: Some(StatefulSetSpec {
+                volume_claim_templates: Some(
+                    templates
+                        .iter()
+                        .map(|t| PersistentVolumeClaim {
+                            metadata: ObjectMeta {
+                                name: Some(t.to_string()),
+                                ..Default::default()
+                            },
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    fn claim(ns: &str, name: &str) -> PersistentVolumeClaim {
+        PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(ns.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn claims_map_to_every_set_they_fit() {
+        let sets = vec![
+            set("ns", "web", &["data"]),
+            set("ns", "web-2", &["data"]),
+            set("other", "web", &["data"]),
+            set("ns", "c-a", &["b"]),
+            set("ns", "a", &["b-c"]),
+        ];
+        let names = |claim_name: &str| {
+            sets_of_claim(&claim("ns", claim_name), &sets)
+                .into_iter()
+                .map(|r| r.name)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names("data-web-2"), ["web"]);
+        assert_eq!(names("data-web-2-0"), ["web-2"]);
+        assert_eq!(names("b-c-a-1"), ["c-a", "a"]);
+        assert!(names("data-web-02").is_empty());
+        assert!(names("unrelated").is_empty());
+    }
+
+    #[test]
+    fn pods_map_by_owner_annotation_then_controller() {
+        let mut pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("web-2".into()),
+                namespace: Some("ns".into()),
+                owner_references: Some(vec![OwnerReference {
+                    api_version: "apps/v1".into(),
+                    kind: "StatefulSet".into(),
+                    name: "web".into(),
+                    uid: "u".into(),
+                    controller: Some(true),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert_eq!(set_of_pod(&pod).map(|r| r.name), Some("web".to_string()));
+        pod.metadata.owner_references = None;
+        assert_eq!(set_of_pod(&pod), None);
+        pod.metadata.annotations =
+            Some([(naming::OWNER_ANNOTATION.to_string(), "db".to_string())].into());
+        assert_eq!(
+            set_of_pod(&pod).map(|r| (r.name, r.namespace)),
+            Some(("db".to_string(), Some("ns".to_string())))
+        );
+    }
+}
