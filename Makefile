@@ -36,3 +36,7 @@ cluster-up:
 
 cluster-down:
 	hack/cluster.sh down
+
+## demo: the original's walk-through (datastore 3 -> 2) on the local control plane
+demo:
+	hack/demo.sh

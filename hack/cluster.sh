@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Local test control plane: etcd + kube-apiserver + kube-controller-manager + kube-scheduler + KWOK,
-# all on 127.0.0.1, with three fake nodes and a default StorageClass. See hack/README-cluster.md.
+# all on 127.0.0.1, with three fake nodes and a default StorageClass. See the README, "Local test cluster".
 #
 #   hack/cluster.sh up       start it (returns at once if it already runs)
 #   hack/cluster.sh down     stop every process it started and remove its state
@@ -62,7 +62,22 @@ component_alive() {
   is_ours "$pid"
 }
 
-group_alive() { kill -0 -- "-$1" 2>/dev/null; }
+# True while the process group has a member that is not a zombie. (The components are reparented
+# to init once cluster.sh exits; init may reap them late, and kill -0 succeeds on zombies.)
+group_alive() {
+  local p st
+  for p in $(pgrep -g "$1" 2>/dev/null); do
+    st=$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null) || continue
+    [[ -n "$st" && "$st" != Z ]] && return 0
+  done
+  return 1
+}
+
+proc_alive() {
+  local st
+  st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+  [[ -n "$st" && "$st" != Z ]]
+}
 
 # Stops one component: SIGTERM to its process group, SIGKILL after 10 s. A pid is only signalled
 # while it still is our process; its group id cannot be reused while the group has members.
@@ -73,14 +88,14 @@ stop_component() {
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
     local i
     for ((i = 0; i < 100; i++)); do
-      group_alive "$pid" || kill -0 "$pid" 2>/dev/null || break
+      group_alive "$pid" || proc_alive "$pid" || break
       sleep 0.1
     done
-    if group_alive "$pid" || kill -0 "$pid" 2>/dev/null; then
+    if group_alive "$pid" || proc_alive "$pid"; then
       log "$name (pid $pid) ignored SIGTERM for 10 s; sending SIGKILL"
       kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
       for ((i = 0; i < 50; i++)); do
-        group_alive "$pid" || break
+        group_alive "$pid" || proc_alive "$pid" || break
         sleep 0.1
       done
     fi
@@ -95,8 +110,15 @@ stop_all() {
   done
 }
 
-# Processes whose command line still names the state dir (should be none after stop_all).
-leftovers() { pgrep -f -- "$state/" || true; }
+# Component processes of this state dir that are still running (should be none after stop_all):
+# one of our binaries, with the state dir in its arguments. (Other programs, such as tests or a
+# controller under test, also name the state dir through the kubeconfig; they are not ours to stop.)
+leftovers() {
+  local bins
+  bins=$(sed -n 's/^binaries=//p' "$state/endpoints" 2>/dev/null) || true
+  [[ -n "$bins" ]] || return 0
+  pgrep -f -- "^$bins/(etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kwok) .*$state/" || true
+}
 
 # Removes the state dir; keeps the logs of the last run in target/cluster-logs-last/.
 remove_state() {
@@ -116,9 +138,17 @@ remove_state() {
 start_component() {
   local name=$1
   shift
-  # setsid execs in place (the background child is not a group leader), so $! is the component's pid
-  # and its process group id. fd 8 is the cluster lock: the daemons must not inherit it.
-  setsid "$@" </dev/null >>"$logs/$name.log" 2>&1 8>&- &
+  # The subshell closes every inherited descriptor above 2 (the cluster lock on fd 8, pipes of
+  # make, CI or a terminal multiplexer), so the daemons hold nothing open for their caller. It then
+  # execs setsid, which execs in place (the background child is not a group leader): $! is the
+  # component's pid and its process group id.
+  (
+    for fd in /proc/self/fd/*; do
+      fd=${fd##*/}
+      if ((fd > 2)); then eval "exec $fd>&-"; fi
+    done
+    exec setsid "$@" </dev/null >>"$logs/$name.log" 2>&1
+  ) &
   local pid=$!
   echo "$pid" >"$pids/$name.pid"
 }
@@ -214,6 +244,19 @@ gen_pki() {
     leaf admin "/O=system:masters/CN=scaledown-e2e-admin" "$client"
     leaf kube-controller-manager "/CN=system:kube-controller-manager" "$client"
     leaf kube-scheduler "/CN=system:kube-scheduler" "$client"
+    # Front-proxy (request header) CA and the apiserver's aggregator client cert. Nothing proxies
+    # through the aggregator here, but with it configured kcm and the scheduler find the
+    # requestheader CA they look for in kube-system/extension-apiserver-authentication.
+    openssl ecparam -name prime256v1 -genkey -noout -out front-proxy-ca.key 2>/dev/null
+    openssl req -x509 -new -key front-proxy-ca.key -sha256 -days "$days" -subj "/CN=scaledown-e2e-front-proxy-ca" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+      -out front-proxy-ca.crt 2>/dev/null
+    openssl ecparam -name prime256v1 -genkey -noout -out front-proxy-client.key 2>/dev/null
+    openssl req -new -key front-proxy-client.key -subj "/CN=front-proxy-client" -out front-proxy-client.csr 2>/dev/null
+    printf '%s\n' "$client" >front-proxy-client.ext
+    openssl x509 -req -in front-proxy-client.csr -CA front-proxy-ca.crt -CAkey front-proxy-ca.key -CAcreateserial \
+      -sha256 -days "$days" -extfile front-proxy-client.ext -out front-proxy-client.crt 2>/dev/null
+    rm -f front-proxy-client.csr front-proxy-client.ext
     # Service-account token signing key pair.
     openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out sa.key 2>/dev/null
     openssl pkey -in sa.key -pubout -out sa.pub 2>/dev/null
@@ -351,6 +394,7 @@ cmd_up() {
   trap 'exit 130' INT TERM
 
   mkdir -p "$pids" "$logs" "$state/bin" "$state/etcd" "$state/apiserver" "$state/kwok-home"
+  chmod 700 "$state/etcd"
   ln -sf "$bins/kubectl" "$state/bin/kubectl"
   local cluster_id
   cluster_id="$(date +%Y%m%d-%H%M%S)-$$"
@@ -386,6 +430,10 @@ cmd_up() {
     --cert-dir="$state/apiserver" \
     --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
     --client-ca-file="$pki/ca.crt" \
+    --requestheader-client-ca-file="$pki/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$pki/front-proxy-client.crt" --proxy-client-key-file="$pki/front-proxy-client.key" \
     --authorization-mode=RBAC \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
@@ -396,6 +444,9 @@ cmd_up() {
     --v=1
   wait_until 120 kube-apiserver "kube-apiserver /readyz" apiserver_ready
 
+  # --pvclaimbinder-sync-period=3s (default 15s): a claim that the PV controller handles before its
+  # informer has seen a just-created static PV stays Pending until the next periodic sync; a short
+  # period keeps tests that create PVs and claims back to back from waiting 15 s.
   start_component kube-controller-manager "$bins/kube-controller-manager" \
     --kubeconfig="$state/kube-controller-manager.kubeconfig" \
     --authentication-kubeconfig="$state/kube-controller-manager.kubeconfig" \
@@ -409,6 +460,7 @@ cmd_up() {
     --root-ca-file="$pki/ca.crt" \
     --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
     --cluster-name=scaledown-e2e \
+    --pvclaimbinder-sync-period=3s \
     --kube-api-qps=100 --kube-api-burst=200 \
     --profiling=false \
     --v=1

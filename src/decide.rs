@@ -539,21 +539,20 @@ impl CleanupStep<'_> {
                 ),
             );
         }
+        // Claims first, then the pod: once the pod's name is free the StatefulSet may recreate the
+        // ordinal, and it then finds the old claims already being deleted and waits for fresh ones
+        // (pvc-protection releases them only once this pod is gone).
         for claim in claims.iter().filter(|c| c.live()) {
             plan.steps.push(Step::DeleteClaim {
                 name: claim.name.clone(),
                 uid: claim.uid.clone(),
             });
         }
-        // While the ordinal is wanted, the pod's name keeps the StatefulSet from recreating it on
-        // the old claims: release the name only once they are gone.
-        if !set.wants(ordinal) || claims.is_empty() {
-            plan.steps.push(Step::DeleteCleanupPod {
-                name: pod.name.clone(),
-                uid: pod.uid.clone(),
-                why: PodDeletion::Completed,
-            });
-        }
+        plan.steps.push(Step::DeleteCleanupPod {
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            why: PodDeletion::Completed,
+        });
     }
 
     fn failed(&self, plan: &mut Plan) {

@@ -1,0 +1,1148 @@
+//! End-to-end tests of the controller on the local control plane: the real StatefulSet controller,
+//! garbage collector, PV binder and pvc-protection, with KWOK standing in for kubelets. Every test
+//! has its own namespace and runs its own controller process, limited to that namespace.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use serde_json::{Value, json};
+use support::{
+    Cluster, Reclaim, TestNamespace, from_json, wait_for, wait_for_gone, wait_for_pod_phase,
+};
+
+const OWNER: &str = "statefulsets.kubernetes.io/scaledown-pod-owner";
+const FINALIZER: &str = "statefulsets.kubernetes.io/scaledown";
+const HOLD: &str = "e2e.scaledown.io/hold";
+const LONG: Duration = Duration::from_secs(90);
+
+// === the controller under test ===
+
+/// A controller process limited to one namespace; killed when dropped, its log printed on failure.
+struct Controller {
+    child: tokio::process::Child,
+    log: PathBuf,
+}
+
+impl Controller {
+    async fn start(cluster: &Cluster, namespace: &str, extra: &[&str]) -> Controller {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/e2e-logs");
+        std::fs::create_dir_all(&dir).expect("log dir");
+        let log = dir.join(format!("{namespace}.log"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log file");
+        let child =
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_statefulset-scaledown-controller"))
+                .arg("--kubeconfig")
+                .arg(&cluster.kubeconfig)
+                .args([
+                    "--namespace",
+                    namespace,
+                    "--cleanup-backoff",
+                    "1s",
+                    "--resync-period",
+                    "10s",
+                ])
+                .args(extra)
+                .env("RUST_LOG", "info,statefulset_scaledown_controller=debug")
+                .stdout(Stdio::null())
+                .stderr(file)
+                .kill_on_drop(true)
+                .spawn()
+                .expect("start the controller binary");
+        Controller { child, log }
+    }
+
+    /// SIGKILL, as a crash would.
+    async fn kill(&mut self) {
+        self.child.kill().await.expect("kill controller");
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!(
+                "--- controller log {} (last 60 lines) ---",
+                self.log.display()
+            );
+            for line in tail.into_iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+// === fixtures ===
+
+/// A cleanup template mounting `data` (and `logs` when asked); `labels`/`annotations` add to it.
+fn template(labels: Value, annotations: Value, restart_policy: &str) -> String {
+    json!({
+        "metadata": {"labels": merge(json!({"app": "cleanup"}), labels), "annotations": annotations},
+        "spec": {
+            "restartPolicy": restart_policy,
+            "containers": [{"name": "main", "image": "busybox",
+                            "volumeMounts": [{"name": "data", "mountPath": "/var/data"}]}]
+        }
+    })
+    .to_string()
+}
+
+fn ok_template() -> String {
+    template(json!({}), json!({}), "")
+}
+
+fn merge(mut a: Value, b: Value) -> Value {
+    if let (Some(a), Value::Object(b)) = (a.as_object_mut(), b) {
+        a.extend(b);
+    }
+    a
+}
+
+struct SetSpec<'a> {
+    name: &'a str,
+    replicas: i32,
+    class: &'a str,
+    template: Option<String>,
+    claim_templates: &'a [&'a str],
+    parallel: bool,
+    start: Option<i32>,
+    extra_spec: Value,
+}
+
+impl<'a> SetSpec<'a> {
+    fn new(name: &'a str, replicas: i32, class: &'a str) -> Self {
+        SetSpec {
+            name,
+            replicas,
+            class,
+            template: Some(ok_template()),
+            claim_templates: &["data"],
+            parallel: false,
+            start: None,
+            extra_spec: json!({}),
+        }
+    }
+
+    fn build(&self) -> StatefulSet {
+        let claims: Vec<Value> = self
+            .claim_templates
+            .iter()
+            .map(|t| {
+                json!({"metadata": {"name": t}, "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": self.class,
+                        "resources": {"requests": {"storage": "1Gi"}}}})
+            })
+            .collect();
+        let mounts: Vec<Value> = self
+            .claim_templates
+            .iter()
+            .map(|t| json!({"name": t, "mountPath": format!("/{t}")}))
+            .collect();
+        let mut annotations = json!({});
+        if let Some(t) = &self.template {
+            annotations["statefulsets.kubernetes.io/scaledown-pod-template"] = json!(t);
+        }
+        let mut spec = json!({
+            "replicas": self.replicas,
+            "serviceName": self.name,
+            "podManagementPolicy": if self.parallel { "Parallel" } else { "OrderedReady" },
+            "selector": {"matchLabels": {"app": self.name}},
+            "template": {
+                "metadata": {"labels": {"app": self.name}},
+                "spec": {"terminationGracePeriodSeconds": 1,
+                         "containers": [{"name": "main", "image": "busybox", "volumeMounts": mounts}]}
+            },
+            "volumeClaimTemplates": claims,
+        });
+        if let Some(start) = self.start {
+            spec["ordinals"] = json!({"start": start});
+        }
+        spec = merge(spec, self.extra_spec.clone());
+        from_json(json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                         "metadata": {"name": self.name, "annotations": annotations}, "spec": spec}))
+    }
+}
+
+/// A test's namespace, PVs and controller.
+struct Env {
+    cluster: Cluster,
+    ns: TestNamespace,
+    class: String,
+    controller: Option<Controller>,
+}
+
+impl Env {
+    async fn new(test: &str, pvs: usize, controller_args: &[&str]) -> Env {
+        let cluster = Cluster::connect().await;
+        let ns = cluster.namespace(test).await;
+        let class = ns.create_static_pvs("pv", pvs, Reclaim::Retain).await.class;
+        let controller = Some(Controller::start(&cluster, &ns.name, controller_args).await);
+        Env {
+            cluster,
+            ns,
+            class,
+            controller,
+        }
+    }
+
+    fn sets(&self) -> Api<StatefulSet> {
+        self.ns.api()
+    }
+    fn pods(&self) -> Api<Pod> {
+        self.ns.api()
+    }
+    fn claims(&self) -> Api<PersistentVolumeClaim> {
+        self.ns.api()
+    }
+
+    async fn create(&self, spec: &SetSpec<'_>) {
+        self.sets()
+            .create(&PostParams::default(), &spec.build())
+            .await
+            .expect("create statefulset");
+    }
+
+    /// Creates the set and waits until all its pods run and its claims are bound.
+    async fn create_running(&self, spec: &SetSpec<'_>) {
+        self.create(spec).await;
+        let start = spec.start.unwrap_or(0);
+        for n in start..start + spec.replicas {
+            wait_for_pod_phase(&self.pods(), &format!("{}-{n}", spec.name), "Running", LONG).await;
+        }
+        self.wait_finalizer(spec.name, spec.template.is_some())
+            .await;
+    }
+
+    async fn wait_finalizer(&self, set: &str, present: bool) {
+        let sets = self.sets();
+        wait_for(
+            &format!("finalizer on {set} present={present}"),
+            LONG,
+            || async {
+                match sets.get_opt(set).await {
+                    Ok(Some(s)) => s.finalizers().iter().any(|f| f == FINALIZER) == present,
+                    _ => false,
+                }
+            },
+        )
+        .await;
+    }
+
+    async fn scale(&self, set: &str, replicas: i32) {
+        let patch = json!({"spec": {"replicas": replicas}});
+        self.sets()
+            .patch(set, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("scale");
+    }
+
+    async fn claim_uid(&self, name: &str) -> Option<String> {
+        self.claims()
+            .get_opt(name)
+            .await
+            .expect("get claim")
+            .and_then(|c| c.uid())
+    }
+
+    async fn wait_claim_gone(&self, name: &str) {
+        wait_for_gone(&self.claims(), name, LONG).await;
+    }
+
+    /// The cleanup pod of `pod_name`, once it exists.
+    async fn wait_cleanup_pod(&self, pod_name: &str) -> Pod {
+        let pods = self.pods();
+        support::wait_for_some(&format!("cleanup pod {pod_name}"), LONG, || async {
+            pods.get_opt(pod_name)
+                .await
+                .ok()
+                .flatten()
+                .filter(is_cleanup)
+        })
+        .await
+    }
+
+    /// Reasons of the Events our controller published on `set`.
+    async fn event_reasons(&self, set: &str) -> Vec<String> {
+        let events: Api<Event> = self.ns.api();
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .expect("list events");
+        list.items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(set))
+            // Only ours: the StatefulSet controller reports `SuccessfulCreate` too.
+            .filter(|e| {
+                e.reporting_controller.as_deref() == Some("statefulset-scaledown-controller")
+            })
+            .filter_map(|e| e.reason)
+            .collect()
+    }
+
+    async fn wait_event(&self, set: &str, reason: &str) {
+        wait_for(&format!("event {reason} on {set}"), LONG, || async {
+            self.event_reasons(set).await.iter().any(|r| r == reason)
+        })
+        .await;
+    }
+
+    async fn hold_pod(&self, name: &str, hold: bool) {
+        let finalizers: Vec<&str> = if hold { vec![HOLD] } else { vec![] };
+        let patch = json!({"metadata": {"finalizers": finalizers}});
+        self.pods()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("patch pod finalizers");
+    }
+
+    fn controller(&mut self) -> &mut Controller {
+        self.controller.as_mut().expect("controller running")
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        // Without the controller, our finalizer would keep the namespace from being deleted.
+        self.controller.take();
+        let _ = std::process::Command::new(support::kubectl_binary())
+            .arg("--kubeconfig")
+            .arg(&self.cluster.kubeconfig)
+            .args([
+                "-n",
+                &self.ns.name,
+                "patch",
+                "statefulsets",
+                "--all",
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+            ])
+            .output();
+    }
+}
+
+fn is_cleanup(pod: &Pod) -> bool {
+    pod.annotations().contains_key(OWNER)
+}
+
+async fn cleanup_pods(pods: &Api<Pod>) -> Vec<Pod> {
+    pods.list(&ListParams::default().labels("scaledown-pod"))
+        .await
+        .expect("list cleanup pods")
+        .items
+}
+
+/// Appends a measured number to target/e2e-measurements.txt (printed by .ci/run).
+fn record(what: &str, value: String) {
+    use std::io::Write;
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/e2e-measurements.txt");
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(f, "[measure] {what}: {value}");
+    }
+}
+
+// === scale-down ===
+
+#[tokio::test(flavor = "multi_thread")]
+async fn basic_scale_down_3_to_2() {
+    let env = Env::new("basic", 3, &[]).await;
+    env.create_running(&SetSpec::new("web", 3, &env.class))
+        .await;
+    let kept = [
+        env.claim_uid("data-web-0").await,
+        env.claim_uid("data-web-1").await,
+    ];
+    let mut pod_uids = Vec::new();
+    for name in ["web-0", "web-1"] {
+        pod_uids.push(env.pods().get(name).await);
+    }
+
+    env.scale("web", 2).await;
+    // Measure from the stateful pod's disappearance to the cleanup pod's creation.
+    let pods = env.pods();
+    let mut gone_at = None;
+    let deadline = Instant::now() + LONG;
+    let cleanup = loop {
+        assert!(
+            Instant::now() < deadline,
+            "no cleanup pod web-2 within {LONG:?}"
+        );
+        match pods.get_opt("web-2").await.expect("get pod") {
+            None => {
+                gone_at.get_or_insert_with(Instant::now);
+            }
+            Some(p) if is_cleanup(&p) => break p,
+            Some(p) => assert!(
+                gone_at.is_none(),
+                "stateful pod web-2 came back: {:?}",
+                p.metadata.owner_references
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    if let Some(gone_at) = gone_at {
+        record(
+            "basic 3->2: stateful pod gone -> cleanup pod created",
+            format!("{} ms", gone_at.elapsed().as_millis()),
+        );
+    }
+    assert_eq!(
+        cleanup.labels().get("scaledown-pod").map(String::as_str),
+        Some("web-2")
+    );
+    assert_eq!(
+        cleanup.labels().get("app").map(String::as_str),
+        Some("cleanup")
+    );
+    assert_eq!(
+        cleanup.annotations().get(OWNER).map(String::as_str),
+        Some("web")
+    );
+    assert!(
+        cleanup.owner_references().is_empty(),
+        "no ownerReference to the set"
+    );
+    let spec = cleanup.spec.as_ref().expect("spec");
+    assert_eq!(spec.restart_policy.as_deref(), Some("OnFailure"));
+    let volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "data")
+        .expect("data volume");
+    assert_eq!(
+        volume
+            .persistent_volume_claim
+            .as_ref()
+            .map(|c| c.claim_name.as_str()),
+        Some("data-web-2")
+    );
+    let env_vars: Vec<(String, String)> = spec.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .collect();
+    for (k, v) in [
+        ("SCALEDOWN_STATEFULSET", "web"),
+        ("SCALEDOWN_NAMESPACE", env.ns.name.as_str()),
+        ("SCALEDOWN_ORDINAL", "2"),
+        ("SCALEDOWN_REPLICAS", "2"),
+    ] {
+        assert!(
+            env_vars.contains(&(k.to_string(), v.to_string())),
+            "env {k}={v} in {env_vars:?}"
+        );
+    }
+
+    env.wait_claim_gone("data-web-2").await;
+    wait_for_gone(&env.pods(), "web-2", LONG).await;
+    assert_eq!(
+        [
+            env.claim_uid("data-web-0").await,
+            env.claim_uid("data-web-1").await
+        ],
+        kept,
+        "claims 0 and 1 untouched"
+    );
+    for (name, before) in ["web-0", "web-1"].iter().zip(pod_uids) {
+        let before = before.expect("pod before");
+        assert_eq!(
+            env.pods().get(name).await.expect("pod after").uid(),
+            before.uid(),
+            "{name} untouched"
+        );
+    }
+    for reason in ["SuccessfulCreate", "CleanupSuccess", "SuccessfulDelete"] {
+        env.wait_event("web", reason).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn waits_for_a_slow_terminating_pod() {
+    let env = Env::new("slow-pod", 3, &[]).await;
+    env.create_running(&SetSpec::new("web", 3, &env.class))
+        .await;
+    env.hold_pod("web-2", true).await;
+    env.scale("web", 2).await;
+    wait_for("web-2 terminating", LONG, || async {
+        env.pods()
+            .get("web-2")
+            .await
+            .map(|p| p.metadata.deletion_timestamp.is_some())
+            .unwrap_or(false)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let pod = env.pods().get("web-2").await.expect("still there");
+    assert!(
+        !is_cleanup(&pod),
+        "no cleanup pod while the stateful pod terminates"
+    );
+    env.hold_pod("web-2", false).await;
+    env.wait_cleanup_pod("web-2").await;
+    env.wait_claim_gone("data-web-2").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn scale_to_zero() {
+    let env = Env::new("zero", 1, &[]).await;
+    env.create_running(&SetSpec::new("web", 1, &env.class))
+        .await;
+    env.scale("web", 0).await;
+    env.wait_cleanup_pod("web-0").await;
+    env.wait_claim_gone("data-web-0").await;
+    wait_for_gone(&env.pods(), "web-0", LONG).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn parallel_5_to_2_cleans_all_at_once() {
+    let env = Env::new("parallel", 5, &[]).await;
+    let mut spec = SetSpec::new("web", 5, &env.class);
+    spec.parallel = true;
+    spec.template = Some(template(
+        json!({}),
+        json!({"sim.scaledown.io/after": "6s"}),
+        "",
+    ));
+    env.create_running(&spec).await;
+    env.scale("web", 2).await;
+    let pods = env.pods();
+    wait_for("three cleanup pods at once", LONG, || async {
+        cleanup_pods(&pods).await.len() == 3
+    })
+    .await;
+    for n in 2..5 {
+        env.wait_claim_gone(&format!("data-web-{n}")).await;
+    }
+    assert!(env.claim_uid("data-web-1").await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ordered_4_to_1_one_cleanup_at_a_time() {
+    let env = Env::new("ordered", 4, &[]).await;
+    env.create_running(&SetSpec::new("web", 4, &env.class))
+        .await;
+    env.scale("web", 1).await;
+    let pods = env.pods();
+    let claims = env.claims();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut order = Vec::new();
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "cleanup of 3,2,1 did not finish; order so far {order:?}"
+        );
+        let running = cleanup_pods(&pods).await;
+        assert!(
+            running.len() <= 1,
+            "more than one cleanup pod at once: {:?}",
+            running.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+        );
+        if let Some(p) = running.first()
+            && order.last() != Some(&p.name_any())
+        {
+            order.push(p.name_any());
+        }
+        let left = claims
+            .list(&ListParams::default())
+            .await
+            .expect("claims")
+            .items
+            .len();
+        if left == 1 && running.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(order, ["web-3", "web-2", "web-1"], "highest ordinal first");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_claim_templates() {
+    let env = Env::new("two-templates", 4, &[]).await;
+    let mut spec = SetSpec::new("web", 2, &env.class);
+    spec.claim_templates = &["data", "logs"];
+    env.create_running(&spec).await;
+    env.scale("web", 1).await;
+    let pod = env.wait_cleanup_pod("web-1").await;
+    let volumes: Vec<(String, Option<String>)> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .map(|v| {
+            (
+                v.name.clone(),
+                v.persistent_volume_claim
+                    .as_ref()
+                    .map(|c| c.claim_name.clone()),
+            )
+        })
+        .collect();
+    assert!(
+        volumes.contains(&("data".into(), Some("data-web-1".into()))),
+        "{volumes:?}"
+    );
+    assert!(
+        volumes.contains(&("logs".into(), Some("logs-web-1".into()))),
+        "{volumes:?}"
+    );
+    env.wait_claim_gone("data-web-1").await;
+    env.wait_claim_gone("logs-web-1").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_missing_for_one_template() {
+    let env = Env::new("missing-claim", 4, &[]).await;
+    let mut spec = SetSpec::new("web", 2, &env.class);
+    spec.claim_templates = &["data", "logs"];
+    env.create_running(&spec).await;
+    env.hold_pod("web-1", true).await;
+    env.scale("web", 1).await;
+    // While web-1 terminates, somebody deletes logs-web-1 (pvc-protection holds it until web-1 goes).
+    env.claims()
+        .delete("logs-web-1", &DeleteParams::default())
+        .await
+        .expect("delete claim");
+    env.hold_pod("web-1", false).await;
+    let pod = env.wait_cleanup_pod("web-1").await;
+    let logs = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .find(|v| v.name == "logs")
+        .expect("logs volume");
+    assert!(
+        logs.empty_dir.is_some(),
+        "a missing claim is replaced by an empty directory: {logs:?}"
+    );
+    env.wait_event("web", "ClaimMissing").await;
+    env.wait_claim_gone("data-web-1").await;
+    wait_for_gone(&env.pods(), "web-1", LONG).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_above_the_replica_count_that_never_had_a_pod() {
+    let env = Env::new("pre-existing", 3, &[]).await;
+    let claim: PersistentVolumeClaim = from_json(json!({"metadata": {"name": "data-web-5"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": env.class, "resources": {"requests": {"storage": "1Gi"}}}}));
+    env.claims()
+        .create(&PostParams::default(), &claim)
+        .await
+        .expect("create claim");
+    env.create_running(&SetSpec::new("web", 2, &env.class))
+        .await;
+    env.wait_cleanup_pod("web-5").await;
+    env.wait_claim_gone("data-web-5").await;
+    assert!(env.claim_uid("data-web-1").await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn start_ordinal() {
+    let env = Env::new("start-ordinal", 3, &[]).await;
+    let mut spec = SetSpec::new("web", 3, &env.class);
+    spec.start = Some(5);
+    env.create_running(&spec).await;
+    env.scale("web", 2).await;
+    env.wait_cleanup_pod("web-7").await;
+    env.wait_claim_gone("data-web-7").await;
+    assert!(
+        env.claim_uid("data-web-5").await.is_some() && env.claim_uid("data-web-6").await.is_some()
+    );
+    assert!(cleanup_pods(&env.pods()).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_sets_sharing_a_name_prefix() {
+    let env = Env::new("prefixes", 5, &[]).await;
+    env.create_running(&SetSpec::new("web", 3, &env.class))
+        .await;
+    env.create_running(&SetSpec::new("web-2", 2, &env.class))
+        .await;
+    let other = [
+        env.claim_uid("data-web-2-0").await,
+        env.claim_uid("data-web-2-1").await,
+    ];
+    env.scale("web", 2).await;
+    env.wait_claim_gone("data-web-2").await;
+    wait_for_gone(&env.pods(), "web-2", LONG).await;
+    assert_eq!(
+        [
+            env.claim_uid("data-web-2-0").await,
+            env.claim_uid("data-web-2-1").await
+        ],
+        other
+    );
+    env.pods().get("web-2-0").await.expect("web-2-0 untouched");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_template_error_is_a_warning_and_no_pod() {
+    let env = Env::new("template-errors", 12, &[]).await;
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("bad-json", "{not json".into(), "CleanupTemplateInvalid"),
+        ("not-a-pod", r#"{"spec":{"containers":"nope"}}"#.into(), "CleanupTemplateInvalid"),
+        ("always", template(json!({}), json!({}), "Always"), "CleanupTemplateRestartPolicy"),
+        ("selector", template(json!({"app": "selector"}), json!({}), ""), "CleanupTemplateSelectorOverlap"),
+        (
+            "clash",
+            r#"{"spec":{"containers":[{"name":"m","image":"x"}],"volumes":[{"name":"data","emptyDir":{}}]}}"#.into(),
+            "CleanupTemplateVolumeClash",
+        ),
+        ("rejected", r#"{"spec":{"containers":[{"name":"Bad_Name","image":"x"}]}}"#.into(), "CleanupPodRejected"),
+    ];
+    for (name, raw, _) in &cases {
+        let mut spec = SetSpec::new(name, 2, &env.class);
+        spec.template = Some(raw.clone());
+        env.create_running(&spec).await;
+        env.scale(name, 1).await;
+    }
+    for (name, _, reason) in &cases {
+        env.wait_event(name, reason).await;
+    }
+    // Give the controller time to (wrongly) act, then check nothing was touched.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        cleanup_pods(&env.pods()).await.is_empty(),
+        "no cleanup pod for a bad template"
+    );
+    for (name, _, reason) in &cases {
+        assert!(
+            env.claim_uid(&format!("data-{name}-1")).await.is_some(),
+            "{name}: claim kept"
+        );
+        let count = env
+            .event_reasons(name)
+            .await
+            .iter()
+            .filter(|r| r == reason)
+            .count();
+        assert_eq!(count, 1, "{name}: one {reason} event");
+    }
+    // Fixing the annotation re-evaluates it.
+    let fix = json!({"metadata": {"annotations": {"statefulsets.kubernetes.io/scaledown-pod-template": ok_template()}}});
+    env.sets()
+        .patch("always", &PatchParams::default(), &Patch::Merge(&fix))
+        .await
+        .expect("fix template");
+    env.wait_claim_gone("data-always-1").await;
+}
+
+// === failure and user interference ===
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failing_cleanup_is_retried_then_given_up() {
+    let env = Env::new("failing", 2, &["--cleanup-attempts", "2"]).await;
+    let mut spec = SetSpec::new("web", 2, &env.class);
+    spec.template = Some(template(
+        json!({"sim.scaledown.io/outcome": "Failed"}),
+        json!({}),
+        "Never",
+    ));
+    env.create_running(&spec).await;
+    env.scale("web", 1).await;
+    env.wait_event("web", "CleanupFailed").await;
+    env.wait_event("web", "CleanupGaveUp").await;
+    let pod = env.pods().get("web-1").await.expect("failed pod kept");
+    assert_eq!(
+        pod.annotations()
+            .get("statefulsets.kubernetes.io/scaledown-attempt")
+            .map(String::as_str),
+        Some("2")
+    );
+    assert_eq!(support::pod_phase(&pod), Some("Failed"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        env.claim_uid("data-web-1").await.is_some(),
+        "claims kept after a failure"
+    );
+    assert_eq!(
+        env.pods().get("web-1").await.expect("still kept").uid(),
+        pod.uid(),
+        "no further attempt"
+    );
+    // Deleting the given-up pod starts a fresh series.
+    env.pods()
+        .delete("web-1", &DeleteParams::default())
+        .await
+        .expect("delete failed pod");
+    let pods = env.pods();
+    let old = pod.uid();
+    let fresh = support::wait_for_some("fresh cleanup pod", LONG, || async {
+        pods.get_opt("web-1")
+            .await
+            .ok()
+            .flatten()
+            .filter(|p| is_cleanup(p) && p.uid() != old)
+    })
+    .await;
+    assert_eq!(
+        fresh
+            .annotations()
+            .get("statefulsets.kubernetes.io/scaledown-attempt")
+            .map(String::as_str),
+        Some("1")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cleanup_pod_deleted_by_a_user_is_recreated() {
+    let env = Env::new("user-delete", 2, &[]).await;
+    let mut spec = SetSpec::new("web", 2, &env.class);
+    spec.template = Some(template(
+        json!({"sim.scaledown.io/outcome": "Running"}),
+        json!({}),
+        "",
+    ));
+    env.create_running(&spec).await;
+    env.scale("web", 1).await;
+    let first = env.wait_cleanup_pod("web-1").await;
+    env.pods()
+        .delete("web-1", &DeleteParams::default())
+        .await
+        .expect("delete cleanup pod");
+    let pods = env.pods();
+    let old = first.uid();
+    support::wait_for_some("recreated cleanup pod", LONG, || async {
+        pods.get_opt("web-1")
+            .await
+            .ok()
+            .flatten()
+            .filter(|p| is_cleanup(p) && p.uid() != old)
+    })
+    .await;
+    assert!(env.claim_uid("data-web-1").await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn scale_up_during_cleanup() {
+    let env = Env::new("scale-up-during", 4, &[]).await;
+    let mut spec = SetSpec::new("web", 3, &env.class);
+    spec.template = Some(template(
+        json!({}),
+        json!({"sim.scaledown.io/after": "8s"}),
+        "",
+    ));
+    env.create_running(&spec).await;
+    let old_claim = env.claim_uid("data-web-2").await;
+    env.scale("web", 2).await;
+    let cleanup = env.wait_cleanup_pod("web-2").await;
+    wait_for_pod_phase(&env.pods(), "web-2", "Running", LONG).await;
+    env.scale("web", 3).await;
+    env.wait_event("web", "ScaledUpDuringCleanup").await;
+    // The StatefulSet recreates web-2 on a fresh claim once the cleanup is done.
+    let pods = env.pods();
+    let stateful = support::wait_for_some("stateful web-2 again", LONG, || async {
+        pods.get_opt("web-2")
+            .await
+            .ok()
+            .flatten()
+            .filter(|p| !is_cleanup(p))
+    })
+    .await;
+    assert_ne!(stateful.uid(), cleanup.uid());
+    wait_for_pod_phase(&env.pods(), "web-2", "Running", LONG).await;
+    let new_claim = env.claim_uid("data-web-2").await;
+    assert!(
+        new_claim.is_some() && new_claim != old_claim,
+        "fresh claim: {old_claim:?} -> {new_claim:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn scale_up_before_the_cleanup_pod_is_created() {
+    let env = Env::new("scale-up-before", 3, &[]).await;
+    env.create_running(&SetSpec::new("web", 3, &env.class))
+        .await;
+    let claim = env.claim_uid("data-web-2").await;
+    env.hold_pod("web-2", true).await;
+    env.scale("web", 2).await;
+    wait_for("web-2 terminating", LONG, || async {
+        env.pods()
+            .get("web-2")
+            .await
+            .map(|p| p.metadata.deletion_timestamp.is_some())
+            .unwrap_or(false)
+    })
+    .await;
+    env.scale("web", 3).await;
+    env.hold_pod("web-2", false).await;
+    let pods = env.pods();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        if let Some(p) = pods.get_opt("web-2").await.expect("get") {
+            assert!(
+                !is_cleanup(&p),
+                "a cleanup pod was created for an ordinal that is wanted again"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_for_pod_phase(&env.pods(), "web-2", "Running", LONG).await;
+    assert_eq!(
+        env.claim_uid("data-web-2").await,
+        claim,
+        "the original claim, data and all"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn controller_killed_while_a_cleanup_runs() {
+    let mut env = Env::new("kill-running", 2, &[]).await;
+    let mut spec = SetSpec::new("web", 2, &env.class);
+    spec.template = Some(template(
+        json!({}),
+        json!({"sim.scaledown.io/after": "6s"}),
+        "",
+    ));
+    env.create_running(&spec).await;
+    env.scale("web", 1).await;
+    let pod = env.wait_cleanup_pod("web-1").await;
+    env.controller().kill().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.controller = Some(Controller::start(&env.cluster, &env.ns.name, &[]).await);
+    env.wait_claim_gone("data-web-1").await;
+    wait_for_gone(&env.pods(), "web-1", LONG).await;
+    let creates = env
+        .event_reasons("web")
+        .await
+        .iter()
+        .filter(|r| *r == "SuccessfulCreate")
+        .count();
+    assert_eq!(
+        creates,
+        1,
+        "the running cleanup pod {} was neither duplicated nor recreated",
+        pod.name_any()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn controller_killed_while_completing() {
+    let mut env = Env::new("kill-completing", 3, &[]).await;
+    let mut spec = SetSpec::new("web", 2, &env.class);
+    spec.template = Some(template(
+        json!({}),
+        json!({"sim.scaledown.io/after": "3s"}),
+        "",
+    ));
+    env.create_running(&spec).await;
+    env.scale("web", 1).await;
+    env.wait_cleanup_pod("web-1").await;
+    env.controller().kill().await;
+    wait_for_pod_phase(&env.pods(), "web-1", "Succeeded", LONG).await;
+    // The crash happened between the two deletes: the claim is being deleted (pvc-protection keeps
+    // it while the Succeeded pod exists), the pod is still there.
+    env.claims()
+        .delete("data-web-1", &DeleteParams::default())
+        .await
+        .expect("delete claim");
+    env.controller = Some(Controller::start(&env.cluster, &env.ns.name, &[]).await);
+    wait_for_gone(&env.pods(), "web-1", LONG).await;
+    env.wait_claim_gone("data-web-1").await;
+    env.scale("web", 2).await;
+    wait_for_pod_phase(&env.pods(), "web-1", "Running", LONG).await;
+}
+
+// === StatefulSet deletion ===
+
+async fn delete_set_and_wait(env: &Env, set: &str, policy: PropagationPolicy) {
+    let params = DeleteParams {
+        propagation_policy: Some(policy),
+        ..Default::default()
+    };
+    env.sets()
+        .delete(set, &params)
+        .await
+        .expect("delete statefulset");
+    wait_for_gone(&env.sets(), set, Duration::from_secs(180)).await;
+}
+
+async fn assert_all_cleaned(env: &Env) {
+    let pods = env.pods();
+    wait_for("no pods left", LONG, || async {
+        pods.list(&ListParams::default())
+            .await
+            .map(|l| l.items.is_empty())
+            .unwrap_or(false)
+    })
+    .await;
+    let claims = env.claims();
+    wait_for("no claims left", LONG, || async {
+        claims
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items.is_empty())
+            .unwrap_or(false)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deleted_with_foreground_propagation() {
+    let env = Env::new("delete-foreground", 3, &[]).await;
+    env.create_running(&SetSpec::new("web", 3, &env.class))
+        .await;
+    delete_set_and_wait(&env, "web", PropagationPolicy::Foreground).await;
+    assert_all_cleaned(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deleted_with_background_propagation() {
+    let env = Env::new("delete-background", 3, &[]).await;
+    env.create_running(&SetSpec::new("web", 3, &env.class))
+        .await;
+    delete_set_and_wait(&env, "web", PropagationPolicy::Background).await;
+    assert_all_cleaned(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deleted_with_orphan_propagation() {
+    let env = Env::new("delete-orphan", 3, &[]).await;
+    env.create_running(&SetSpec::new("web", 3, &env.class))
+        .await;
+    let claims = [
+        env.claim_uid("data-web-0").await,
+        env.claim_uid("data-web-2").await,
+    ];
+    delete_set_and_wait(&env, "web", PropagationPolicy::Orphan).await;
+    for n in 0..3 {
+        let pod = env
+            .pods()
+            .get(&format!("web-{n}"))
+            .await
+            .expect("pods are kept");
+        assert!(!is_cleanup(&pod));
+    }
+    assert_eq!(
+        [
+            env.claim_uid("data-web-0").await,
+            env.claim_uid("data-web-2").await
+        ],
+        claims,
+        "claims kept"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deleted_while_a_cleanup_runs() {
+    let env = Env::new("delete-during", 3, &[]).await;
+    let mut spec = SetSpec::new("web", 3, &env.class);
+    spec.template = Some(template(
+        json!({}),
+        json!({"sim.scaledown.io/after": "6s"}),
+        "",
+    ));
+    env.create_running(&spec).await;
+    env.scale("web", 2).await;
+    env.wait_cleanup_pod("web-2").await;
+    delete_set_and_wait(&env, "web", PropagationPolicy::Background).await;
+    assert_all_cleaned(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn removing_the_annotation_removes_the_finalizer() {
+    let env = Env::new("annotation-removed", 2, &[]).await;
+    env.create_running(&SetSpec::new("web", 2, &env.class))
+        .await;
+    let patch = json!({"metadata": {"annotations": {"statefulsets.kubernetes.io/scaledown-pod-template": null}}});
+    env.sets()
+        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("remove annotation");
+    env.wait_finalizer("web", false).await;
+    delete_set_and_wait(&env, "web", PropagationPolicy::Background).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn when_scaled_delete_is_left_to_kubernetes() {
+    let env = Env::new("when-scaled", 3, &[]).await;
+    let mut spec = SetSpec::new("web", 3, &env.class);
+    spec.extra_spec = json!({"persistentVolumeClaimRetentionPolicy": {"whenScaled": "Delete", "whenDeleted": "Retain"}});
+    env.create_running(&spec).await;
+    env.scale("web", 2).await;
+    env.wait_event("web", "RetentionPolicyConflict").await;
+    // Kubernetes itself deletes the claim; we never run a cleanup pod for it.
+    env.wait_claim_gone("data-web-2").await;
+    assert!(
+        env.event_reasons("web")
+            .await
+            .iter()
+            .all(|r| r != "SuccessfulCreate")
+    );
+}
+
+// === running it ===
+
+#[tokio::test(flavor = "multi_thread")]
+async fn namespace_mode_leaves_other_namespaces_alone() {
+    let env = Env::new("ns-mode", 0, &[]).await;
+    let other = env.cluster.namespace("ns-mode-other").await;
+    let class = other
+        .create_static_pvs("pv", 2, Reclaim::Retain)
+        .await
+        .class;
+    let other = Env {
+        cluster: Cluster::connect().await,
+        ns: other,
+        class,
+        controller: None,
+    };
+    other.create(&SetSpec::new("web", 2, &other.class)).await;
+    wait_for_pod_phase(&other.pods(), "web-1", "Running", LONG).await;
+    other.scale("web", 1).await;
+    wait_for_gone(&other.pods(), "web-1", LONG).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let set = other.sets().get("web").await.expect("set");
+    assert!(
+        !set.finalizers().iter().any(|f| f == FINALIZER),
+        "no finalizer outside the namespace"
+    );
+    assert!(
+        cleanup_pods(&other.pods()).await.is_empty(),
+        "no cleanup pod outside the namespace"
+    );
+    assert!(other.claim_uid("data-web-1").await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dry_run_writes_nothing() {
+    let env = Env::new("dry-run", 3, &["--dry-run"]).await;
+    let spec = SetSpec::new("web", 3, &env.class);
+    env.create(&spec).await;
+    for n in 0..3 {
+        wait_for_pod_phase(&env.pods(), &format!("web-{n}"), "Running", LONG).await;
+    }
+    env.scale("web", 2).await;
+    wait_for_gone(&env.pods(), "web-2", LONG).await;
+    env.wait_event("web", "DryRun").await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        !env.sets()
+            .get("web")
+            .await
+            .expect("set")
+            .finalizers()
+            .iter()
+            .any(|f| f == FINALIZER)
+    );
+    assert!(cleanup_pods(&env.pods()).await.is_empty());
+    assert!(env.claim_uid("data-web-2").await.is_some());
+}
