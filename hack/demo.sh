@@ -30,7 +30,8 @@ if "${kubectl[@]}" get namespace "$ns" >/dev/null 2>&1; then
   k patch statefulset datastore --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
   "${kubectl[@]}" delete namespace "$ns" --wait=true --timeout=120s
 fi
-"${kubectl[@]}" get pv -o name | grep '^persistentvolume/demo-pv-' | xargs -r "${kubectl[@]}" delete --wait=false >/dev/null
+old_pvs=$("${kubectl[@]}" get pv -o name | grep '^persistentvolume/demo-pv-' || true)
+[[ -z "$old_pvs" ]] || "${kubectl[@]}" delete $old_pvs --wait=false >/dev/null
 
 step "creating three PersistentVolumes in the default StorageClass"
 hack/create-pvs.sh 3 --prefix demo-pv
@@ -50,17 +51,19 @@ show
 step "scaling datastore from 3 to 2"
 k scale statefulset datastore --replicas 2
 seen_cleanup=no
-for _ in $(seq 1 90); do
-  sleep 2
+for _ in $(seq 1 120); do
+  sleep 1.5
   show
   owner=$(k get pod datastore-2 -o jsonpath='{.metadata.annotations.statefulsets\.kubernetes\.io/scaledown-pod-owner}' 2>/dev/null || true)
   if [[ -n "$owner" && $seen_cleanup == no ]]; then
     seen_cleanup=yes
     echo "^ datastore-2 is now the cleanup pod (owner annotation: $owner)"
   fi
-  if [[ $seen_cleanup == yes ]] && ! k get pod datastore-2 >/dev/null 2>&1 && ! k get pvc data-datastore-2 >/dev/null 2>&1; then
+  succeeded=$(k get events --field-selector involvedObject.name=datastore,reason=CleanupSuccess -o name 2>/dev/null || true)
+  if [[ -n "$succeeded" ]] && ! k get pod datastore-2 >/dev/null 2>&1 && ! k get pvc data-datastore-2 >/dev/null 2>&1; then
     step "done: the cleanup pod ran, then it and data-datastore-2 were deleted"
-    k get events --field-selector involvedObject.name=datastore -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message | tail -n 6
+    k get events --field-selector involvedObject.name=datastore -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message |
+      grep -E 'TYPE|Cleanup|cleanup|claim data-datastore-2'
     echo
     echo "The cluster is still up: KUBECONFIG=$root/$state/kubeconfig $state/bin/kubectl get all -n $ns"
     echo "Stop it with: make cluster-down"
