@@ -4,8 +4,10 @@ SHELL := bash
 CARGO ?= cargo
 # e2e tests mostly wait on the cluster; run several at once even on 2 cores.
 E2E_THREADS ?= 4
+# The image, named in one place; artifacts/*.yaml use the same (a test checks it).
+IMAGE ?= ghcr.io/statefulset-scaledown/statefulset-scaledown-controller:0.1.0
 
-.PHONY: test fmt-check clippy unit e2e control-plane cluster-up cluster-down demo build
+.PHONY: test fmt-check clippy unit e2e control-plane cluster-up cluster-down demo build image
 
 ## test: formatting, lints, unit tests, then e2e tests on the local control plane
 test: fmt-check clippy unit e2e
@@ -40,3 +42,7 @@ cluster-down:
 ## demo: the original's walk-through (datastore 3 -> 2) on the local control plane
 demo:
 	hack/demo.sh
+
+## image: build the container image (needs a container engine; none runs on our CI machines)
+image:
+	docker build -t $(IMAGE) .

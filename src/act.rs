@@ -17,6 +17,7 @@ use tracing::{debug, info, warn};
 
 use crate::decide::{Event, Plan, PodDeletion, Step};
 use crate::error::{Error, Result, status_code};
+use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::naming;
 use crate::observe::SetFacts;
@@ -41,6 +42,7 @@ pub struct Actor {
     recorder: Recorder,
     dry_run: bool,
     metrics: std::sync::Arc<Metrics>,
+    leadership: std::sync::Arc<Leadership>,
     /// (set UID, reason, key) of events already published by this process.
     published: Mutex<HashSet<(String, &'static str, String)>>,
 }
@@ -57,8 +59,10 @@ impl Actor {
         reporter: Reporter,
         dry_run: bool,
         metrics: std::sync::Arc<Metrics>,
+        leadership: std::sync::Arc<Leadership>,
     ) -> Self {
         Actor {
+            leadership,
             recorder: Recorder::new(client.clone(), reporter),
             client,
             dry_run,
@@ -70,6 +74,10 @@ impl Actor {
     /// Carries out `plan` for `set`, stopping at the first failed write.
     pub async fn execute(&self, set: &SetFacts, plan: &Plan) -> Result<()> {
         for step in &plan.steps {
+            // Checked right before every write: a leader past its renew deadline stops mid-plan.
+            if !self.leadership.may_write() {
+                return Err(Error::NotLeader);
+            }
             if let Step::Event(event) = step {
                 let new = self
                     .publish(
@@ -193,12 +201,20 @@ impl Actor {
                     .await;
                 }
             }
-            Step::DeleteCleanupPod { name, uid, why } => {
+            Step::DeleteCleanupPod {
+                name,
+                uid,
+                why,
+                ran_for,
+            } => {
                 let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
                 if let Outcome::Done = delete(&pods, name, uid, "pod").await? {
                     let (reason, note) = match why {
                         PodDeletion::Completed => {
                             self.metrics.cleanup_succeeded();
+                            if let Some(took) = ran_for {
+                                self.metrics.cleanup_took(took.as_secs_f64());
+                            }
                             (
                                 reason::SUCCESSFUL_DELETE,
                                 format!("delete cleanup pod {name} in StatefulSet {}", set.name),

@@ -1,6 +1,9 @@
 //! The one place that wires watches, the controller and shutdown together.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio_util::sync::CancellationToken;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -17,6 +20,8 @@ use tracing::{debug, info, warn};
 use crate::act::Actor;
 use crate::cli::{Args, LogFormat};
 use crate::error::{Error, Result};
+use crate::http::{self, Probe};
+use crate::leader::{self, Leadership};
 use crate::metrics::Metrics;
 use crate::naming;
 use crate::reconcile::{Context, error_policy, reconcile};
@@ -71,20 +76,40 @@ where
     }
 }
 
-/// Runs the controller until `shutdown` resolves, then drains running reconciles and returns.
+/// Runs the controller until `shutdown` resolves (then drains, releases the Lease and returns Ok)
+/// or leadership is lost (then returns `Err`).
 pub async fn run(
     args: Args,
     client: Client,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     let namespace = args.scope()?;
     let ns = namespace.as_deref();
+    let metrics_addr = http::bind_address(&args.metrics_bind_address)?;
+    let probe_addr = http::bind_address(&args.health_probe_bind_address)?;
+    let election = election_config(&args)?;
     info!(
         namespace = ns.unwrap_or("<all>"),
         dry_run = args.dry_run,
+        leader_elect = args.leader_elect,
         "starting"
     );
+
+    let stop = CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            shutdown.await;
+            stop.cancel();
+        }
+    });
     let metrics = Arc::new(Metrics::default());
+    let leadership = Arc::new(if election.is_some() {
+        Leadership::elected()
+    } else {
+        Leadership::always()
+    });
+    metrics.set_leader(election.is_none());
     let config = watcher::Config::default();
 
     let (claims, claims_writer) = reflector::store();
@@ -126,28 +151,78 @@ pub async fn run(
         pods,
         cleanup_pods,
     };
+
+    // HTTP: metrics and probes; ready once every cache has synced, unready again on shutdown.
+    let probe = Probe {
+        ready: Arc::new(AtomicBool::new(false)),
+        metrics: metrics.clone(),
+        stores: stores.clone(),
+    };
+    let mut servers = Vec::new();
+    if let Some(addr) = metrics_addr {
+        let listener = http::bind("metrics", addr).await?;
+        let app = http::metrics_router(probe.clone());
+        servers.push(tokio::spawn(http::serve(
+            listener,
+            app,
+            stop.clone().cancelled_owned(),
+        )));
+    }
+    if let Some(addr) = probe_addr {
+        let listener = http::bind("health probes", addr).await?;
+        let app = http::probes_router(probe.clone());
+        servers.push(tokio::spawn(http::serve(
+            listener,
+            app,
+            stop.clone().cancelled_owned(),
+        )));
+    }
+    tokio::spawn({
+        let (stores, ready, stop) = (stores.clone(), probe.ready.clone(), stop.clone());
+        async move {
+            tokio::select! {
+                synced = stores.ready() => if synced.is_ok() {
+                    ready.store(true, Ordering::SeqCst);
+                    info!("caches synced");
+                },
+                _ = stop.cancelled() => {}
+            }
+            stop.cancelled().await;
+            ready.store(false, Ordering::SeqCst);
+        }
+    });
+
     let reporter = Reporter {
         controller: CONTROLLER_NAME.into(),
-        instance: args.pod_name.clone(),
+        instance: Some(args.identity()),
     };
-    let actor = Actor::new(client.clone(), reporter, args.dry_run, metrics.clone());
+    let actor = Actor::new(
+        client.clone(),
+        reporter,
+        args.dry_run,
+        metrics.clone(),
+        leadership.clone(),
+    );
     let ctx = Arc::new(Context::new(
-        client,
+        client.clone(),
         stores.clone(),
         args.policy(),
         actor,
-        metrics,
+        metrics.clone(),
+        leadership.clone(),
         args.resync_period,
     ));
 
     let sets = stores.sets.clone();
-    controller
+    let controller = controller
         .watches_stream(claim_events, move |claim| {
             watch::sets_of_claim(&claim, &sets.state())
         })
         .watches_stream(pod_events, |pod| watch::set_of_pod(&pod))
         .watches_stream(cleanup_events, |pod| watch::set_of_pod(&pod))
-        .graceful_shutdown_on(shutdown)
+        // A new leader looks at every set at once instead of waiting for the resync.
+        .reconcile_all_on(became_leader(leadership.subscribe()))
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             match result {
@@ -159,10 +234,98 @@ pub async fn run(
                 }
                 Err(e) => warn!(error = %e, "watch or queue error"),
             }
-        })
-        .await;
+        });
+    tokio::pin!(controller);
+
+    let outcome = match election {
+        None => {
+            controller.await;
+            Ok(())
+        }
+        Some(config) => {
+            let mut election = tokio::spawn({
+                let (leadership, metrics, stop) =
+                    (leadership.clone(), metrics.clone(), stop.clone());
+                async move {
+                    leader::run(
+                        client,
+                        config,
+                        &leadership,
+                        &metrics,
+                        stop.cancelled_owned(),
+                    )
+                    .await
+                }
+            });
+            let joined = |r: std::result::Result<Result<()>, tokio::task::JoinError>| {
+                r.unwrap_or_else(|e| Err(Error::Config(format!("election task: {e}"))))
+            };
+            tokio::select! {
+                _ = &mut controller => joined(election.await),
+                result = &mut election => {
+                    // Leadership ended first (lost): stop, drain, report.
+                    stop.cancel();
+                    controller.await;
+                    joined(result)
+                }
+            }
+        }
+    };
+    stop.cancel();
+    for server in servers {
+        if let Ok(Err(e)) = server.await {
+            warn!(error = %e, "http server failed");
+        }
+    }
     info!("stopped");
-    Ok(())
+    outcome
+}
+
+fn election_config(args: &Args) -> Result<Option<leader::ElectionConfig>> {
+    if !args.leader_elect {
+        return Ok(None);
+    }
+    let namespace = args.leader_election_namespace.clone().or_else(|| args.own_namespace()).ok_or_else(|| {
+        Error::Config("--leader-elect needs --leader-election-namespace, POD_NAMESPACE or an in-cluster ServiceAccount".into())
+    })?;
+    if args.leader_elect_renew_deadline >= args.leader_elect_lease_duration {
+        return Err(Error::Config(
+            "--leader-elect-renew-deadline must be shorter than --leader-elect-lease-duration"
+                .into(),
+        ));
+    }
+    if let Some(lock) = args
+        .leader_elect_resource_lock
+        .as_deref()
+        .filter(|l| *l != "leases")
+    {
+        warn!(
+            lock,
+            "--leader-elect-resource-lock is ignored: the lock is always a coordination.k8s.io Lease"
+        );
+    }
+    Ok(Some(leader::ElectionConfig {
+        namespace,
+        lease_name: args.leader_election_id.clone(),
+        identity: args.identity(),
+        lease_duration: args.leader_elect_lease_duration,
+        renew_deadline: args.leader_elect_renew_deadline,
+        retry_period: args.leader_elect_retry_period,
+    }))
+}
+
+/// Yields once every time `leading` turns true.
+fn became_leader(
+    leading: tokio::sync::watch::Receiver<bool>,
+) -> impl futures::Stream<Item = ()> + Send {
+    futures::stream::unfold(leading, |mut rx| async move {
+        loop {
+            rx.changed().await.ok()?;
+            if *rx.borrow_and_update() {
+                return Some(((), rx));
+            }
+        }
+    })
 }
 
 /// Resolves on the first SIGTERM or SIGINT.

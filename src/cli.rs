@@ -67,6 +67,42 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     pub concurrency: u16,
 
+    /// Run only while holding the leader Lease; standbys keep warm caches and write nothing.
+    #[arg(long)]
+    pub leader_elect: bool,
+
+    /// Namespace of the leader Lease (default: the controller's own namespace).
+    #[arg(long)]
+    pub leader_election_namespace: Option<String>,
+
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "statefulset-scaledown-controller")]
+    pub leader_election_id: String,
+
+    /// How long a Lease stays valid after its last renewal.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+
+    /// A leader that has not renewed for this long stops writing and exits (must be < lease duration).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+
+    /// How often the leader checks its Lease.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub leader_elect_retry_period: Duration,
+
+    /// Accepted for compatibility with the Go original; the lock is always a coordination.k8s.io Lease.
+    #[arg(long, hide = true)]
+    pub leader_elect_resource_lock: Option<String>,
+
+    /// Address serving /metrics ("0" turns it off).
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_bind_address: String,
+
+    /// Address serving /healthz and /readyz ("0" turns it off).
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    pub health_probe_bind_address: String,
+
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -108,6 +144,29 @@ impl Args {
                 Error::Config(format!(
                     "--localOnly needs the controller's namespace: set POD_NAMESPACE or run in a pod ({SERVICEACCOUNT_NAMESPACE}: {e})"
                 ))
+            })
+    }
+
+    /// The controller's own namespace: `POD_NAMESPACE`, else the ServiceAccount's namespace file.
+    pub fn own_namespace(&self) -> Option<String> {
+        self.pod_namespace
+            .clone()
+            .filter(|n| !n.is_empty())
+            .or_else(|| {
+                std::fs::read_to_string(SERVICEACCOUNT_NAMESPACE)
+                    .ok()
+                    .map(|n| n.trim().to_string())
+            })
+    }
+
+    /// The controller's identity for the Lease and Events: `POD_NAME`, else `<host name>-<pid>`.
+    pub fn identity(&self) -> String {
+        self.pod_name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+                format!("{}-{}", host.trim(), std::process::id())
             })
     }
 

@@ -92,6 +92,8 @@ pub enum Step {
         name: String,
         uid: String,
         why: PodDeletion,
+        /// How long the cleanup took, from the pod's creation (for the duration metric).
+        ran_for: Option<Duration>,
     },
     /// Set (or with `None` remove) the next-attempt mark on a claim.
     MarkNextAttempt {
@@ -552,6 +554,10 @@ impl CleanupStep<'_> {
             name: pod.name.clone(),
             uid: pod.uid.clone(),
             why: PodDeletion::Completed,
+            ran_for: self
+                .cleanup
+                .created
+                .map(|c| crate::observe::until(c, self.o.now)),
         });
     }
 
@@ -614,6 +620,7 @@ impl CleanupStep<'_> {
             name: pod.name.clone(),
             uid: pod.uid.clone(),
             why: PodDeletion::Retry,
+            ran_for: None,
         });
     }
 }

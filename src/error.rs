@@ -24,6 +24,12 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// This process lost the leader Lease (or could not renew it in time) and must stop.
+    #[error("lost leadership")]
+    LeadershipLost,
+    /// A write was about to be made by a process that is not (or no longer) the leader.
+    #[error("not the leader")]
+    NotLeader,
     /// The controller could not be configured (flags, kubeconfig, namespace).
     #[error("configuration: {0}")]
     Config(String),
@@ -64,6 +70,7 @@ impl Error {
             Error::CacheNotReady(_) => "cache_not_ready",
             Error::Encode { .. } => "internal",
             Error::Config(_) => "config",
+            Error::LeadershipLost | Error::NotLeader => "not_leader",
         }
     }
 
@@ -82,6 +89,7 @@ impl Error {
         "cache_not_ready",
         "internal",
         "config",
+        "not_leader",
     ];
 }
 

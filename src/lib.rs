@@ -21,6 +21,8 @@ pub mod app;
 pub mod cli;
 pub mod decide;
 pub mod error;
+pub mod http;
+pub mod leader;
 pub mod metrics;
 pub mod naming;
 pub mod observe;

@@ -16,6 +16,11 @@ pub struct ErrorLabels {
     pub category: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabels {
+    pub namespace: String,
+}
+
 pub struct Metrics {
     pub registry: Registry,
     cleanups_started: Counter,
@@ -27,6 +32,9 @@ pub struct Metrics {
     reconciles: Counter,
     reconcile_errors: Family<ErrorLabels, Counter>,
     reconcile_duration: Histogram,
+    cleanup_duration: Histogram,
+    leader: Gauge,
+    orphaned_claims: Family<NamespaceLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -42,6 +50,9 @@ impl Default for Metrics {
             reconciles: Counter::default(),
             reconcile_errors: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            cleanup_duration: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
+            leader: Gauge::default(),
+            orphaned_claims: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -85,6 +96,21 @@ impl Default for Metrics {
             "Time spent in one reconcile",
             m.reconcile_duration.clone(),
         );
+        registry.register(
+            "cleanup_duration_seconds",
+            "Time from a cleanup pod's creation to the completion of its cleanup",
+            m.cleanup_duration.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica may write (leader, or no election)",
+            m.leader.clone(),
+        );
+        registry.register(
+            "orphaned_claims",
+            "Claims of StatefulSets without the cleanup annotation whose ordinal is no longer wanted",
+            m.orphaned_claims.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
@@ -109,6 +135,22 @@ impl Metrics {
         self.cleanups_running
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
+    pub fn cleanup_took(&self, seconds: f64) {
+        self.cleanup_duration.observe(seconds);
+    }
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+    /// Replaces the orphaned-claims gauge with these counts per namespace.
+    pub fn set_orphaned_claims(&self, counts: &std::collections::BTreeMap<String, usize>) {
+        self.orphaned_claims.clear();
+        for (namespace, n) in counts {
+            let gauge = self.orphaned_claims.get_or_create(&NamespaceLabels {
+                namespace: namespace.clone(),
+            });
+            gauge.set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
+    }
     pub fn reconciled(&self, seconds: f64, error: Option<&'static str>) {
         self.reconciles.inc();
         self.reconcile_duration.observe(seconds);
@@ -121,9 +163,39 @@ impl Metrics {
 
     /// The registry in Prometheus text format.
     pub fn encode(&self) -> String {
+        // (families render even before their first sample)
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every metric name the README documents is exported, and every exported one is documented.
+    #[test]
+    fn readme_lists_exactly_the_exported_metrics() {
+        let m = Metrics::default();
+        m.reconciled(0.01, Some("conflict"));
+        m.set_orphaned_claims(&[("ns".to_string(), 1)].into());
+        m.cleanup_took(3.0);
+        let text = m.encode();
+        let exported: std::collections::BTreeSet<String> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .map(str::to_string)
+            .collect();
+        let readme = include_str!("../README.md");
+        let documented: std::collections::BTreeSet<String> = readme
+            .lines()
+            .filter(|l| l.starts_with("| `scaledown_"))
+            .filter_map(|l| l.split('`').nth(1))
+            .map(|name| name.trim_end_matches("_total").to_string())
+            .collect();
+        assert_eq!(documented, exported, "README metrics table vs /metrics");
     }
 }

@@ -117,6 +117,8 @@ pub struct CleanupFacts {
     /// Go original, which did not record it; the claim seen now is used then.
     pub claims: BTreeMap<String, Option<String>>,
     pub failure: Option<Failure>,
+    /// When the pod was created (for the cleanup duration metric).
+    pub created: Option<Timestamp>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -278,6 +280,7 @@ fn pod_role(pod: &PartialObjectMeta<Pod>, set_uid: &str, full: Option<&Pod>) -> 
                 attempt: 1,
                 claims: BTreeMap::new(),
                 failure: None,
+                created: None,
             },
         });
     }
@@ -352,6 +355,7 @@ pub fn cleanup_facts(pod: &Pod) -> CleanupFacts {
             .unwrap_or(1),
         claims,
         failure,
+        created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
     }
 }
 
@@ -374,4 +378,98 @@ pub fn until(now: Timestamp, deadline: Timestamp) -> Duration {
         .duration_since(now)
         .try_into()
         .unwrap_or(Duration::ZERO)
+}
+
+/// Per namespace, the claims of StatefulSets *without* the cleanup annotation whose ordinal the set
+/// no longer wants: data left behind that nobody opted in to clean.
+pub fn unmanaged_orphans(
+    sets: &[std::sync::Arc<StatefulSet>],
+    claims: &[std::sync::Arc<PartialObjectMeta<PersistentVolumeClaim>>],
+) -> BTreeMap<String, usize> {
+    let mut by_namespace: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for claim in claims
+        .iter()
+        .filter(|c| c.meta().deletion_timestamp.is_none())
+    {
+        if let (Some(ns), Some(name)) = (
+            claim.meta().namespace.as_deref(),
+            claim.meta().name.as_deref(),
+        ) {
+            by_namespace.entry(ns).or_default().push(name);
+        }
+    }
+    let mut counts = BTreeMap::new();
+    for set in sets
+        .iter()
+        .map(|s| set_facts(s))
+        .filter(|s| s.template.is_none())
+    {
+        let names = by_namespace
+            .get(set.namespace.as_str())
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let orphans = names
+            .iter()
+            .filter(|name| {
+                set.claim_templates.iter().any(|t| {
+                    naming::claim_ordinal(name, t, &set.name).is_some_and(|n| !set.wants(n))
+                })
+            })
+            .count();
+        if orphans > 0 {
+            *counts.entry(set.namespace.clone()).or_insert(0) += orphans;
+        }
+    }
+    counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use std::sync::Arc;
+
+    fn set(ns: &str, name: &str, replicas: i32, annotated: bool) -> Arc<StatefulSet> {
+        let mut value = serde_json::json!({
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"replicas": replicas, "selector": {}, "template": {},
+                     "volumeClaimTemplates": [{"metadata": {"name": "data"}}]}
+        });
+        if annotated {
+            value["metadata"]["annotations"] =
+                serde_json::json!({naming::TEMPLATE_ANNOTATION: "{}"});
+        }
+        Arc::new(serde_json::from_value(value).expect("statefulset"))
+    }
+
+    fn claim(ns: &str, name: &str) -> Arc<PartialObjectMeta<PersistentVolumeClaim>> {
+        Arc::new(PartialObjectMeta {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(ns.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn orphans_of_sets_that_did_not_opt_in_are_counted_per_namespace() {
+        let sets = [
+            set("a", "web", 1, false),
+            set("a", "db", 0, true),
+            set("b", "web", 2, false),
+        ];
+        let claims = [
+            claim("a", "data-web-0"),
+            claim("a", "data-web-1"),
+            claim("a", "data-web-5"),
+            claim("a", "data-db-0"),
+            claim("b", "data-web-1"),
+            claim("b", "data-web-2"),
+            claim("c", "data-web-9"),
+        ];
+        let counts = unmanaged_orphans(&sets, &claims);
+        assert_eq!(counts, [("a".to_string(), 2), ("b".to_string(), 1)].into());
+    }
 }

@@ -34,6 +34,7 @@ pub struct Context {
     pub policy: Policy,
     pub actor: Actor,
     pub metrics: Arc<Metrics>,
+    pub leadership: Arc<crate::leader::Leadership>,
     pub resync: Duration,
     /// Serialises confirmations and the writes they allow, so the concurrency cap holds.
     confirm: tokio::sync::Mutex<()>,
@@ -54,9 +55,11 @@ impl Context {
         policy: Policy,
         actor: Actor,
         metrics: Arc<Metrics>,
+        leadership: Arc<crate::leader::Leadership>,
         resync: Duration,
     ) -> Self {
         Context {
+            leadership,
             client,
             stores,
             policy,
@@ -160,6 +163,10 @@ impl Context {
 
     async fn reconcile_set(&self, set: &StatefulSet) -> Result<Action> {
         self.stores.ready().await?;
+        if !self.leadership.may_write() {
+            // A standby only keeps its caches warm; it looks at every set when it becomes leader.
+            return Ok(Action::await_change());
+        }
         let cached = self.observe_cached(set);
         let plan = decide(&cached, &self.policy);
         if !plan.needs_confirmation() {

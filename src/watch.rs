@@ -25,27 +25,33 @@ pub struct Stores {
 
 impl Stores {
     /// Waits until every cache has its first full list.
+    ///
+    /// A store's readiness wakes only the last task that waited on it (kube-runtime keeps a single
+    /// oneshot receiver for all waiters), and the Controller waits on the StatefulSet store too. So
+    /// readiness is polled again on a short tick instead of trusting one wake-up.
     pub async fn ready(&self) -> Result<(), crate::error::Error> {
         use crate::error::Error::CacheNotReady;
-        self.sets
-            .wait_until_ready()
-            .await
-            .map_err(|_| CacheNotReady("statefulset"))?;
-        self.claims
-            .wait_until_ready()
-            .await
-            .map_err(|_| CacheNotReady("claim"))?;
-        self.pods
-            .wait_until_ready()
-            .await
-            .map_err(|_| CacheNotReady("pod"))?;
-        self.cleanup_pods
-            .wait_until_ready()
-            .await
-            .map_err(|_| CacheNotReady("cleanup pod"))?;
-        Ok(())
+        async fn one<K>(store: &Store<K>, what: &'static str) -> Result<(), crate::error::Error>
+        where
+            K: kube::Resource + Clone + 'static,
+            K::DynamicType: Eq + std::hash::Hash + Clone,
+        {
+            loop {
+                match tokio::time::timeout(READY_POLL, store.wait_until_ready()).await {
+                    Ok(result) => return result.map_err(|_| CacheNotReady(what)),
+                    Err(_elapsed) => continue,
+                }
+            }
+        }
+        one(&self.sets, "statefulset").await?;
+        one(&self.claims, "claim").await?;
+        one(&self.pods, "pod").await?;
+        one(&self.cleanup_pods, "cleanup pod").await
     }
 }
+
+/// How often a wait for cache readiness looks again.
+const READY_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Label selector of the cleanup-pod watch.
 pub fn cleanup_selector() -> String {

@@ -84,6 +84,7 @@ fn cleanup(ordinal: u32, phase: Phase, attempt: u32) -> PodFacts {
                 exit_code: Some(1),
                 finished_at: Some(t0()),
             }),
+            created: None,
         }),
     }
 }

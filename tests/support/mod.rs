@@ -11,6 +11,8 @@
 // Each e2e test binary compiles this module on its own and uses only part of it.
 #![allow(dead_code)]
 
+pub mod fixtures;
+
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

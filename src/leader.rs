@@ -1,0 +1,193 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease.
+//!
+//! kube-lease-manager acquires, renews and releases the Lease. It keeps reporting "leader" while the
+//! API server cannot be reached, so this module adds the renew deadline: the leader may write only
+//! until `renewTime + renew deadline` (by the local clock) of the last renewal it saw on the Lease.
+//! The deadline is shorter than the lease duration, so a leader that cannot renew stops writing
+//! before any other replica can take over; it then exits non-zero (fail-stop) and restarts as a
+//! candidate. Standbys keep their caches warm and write nothing.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Client;
+use kube::api::Api;
+use kube_lease_manager::{LeaseCreateMode, LeaseManagerBuilder};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+
+/// Whether this process may write now. Shared by the election task and `act`.
+pub struct Leadership {
+    elected: bool,
+    /// Writes are allowed until this instant (only with election).
+    until: Mutex<Option<Instant>>,
+    leading: AtomicBool,
+    changes: watch::Sender<bool>,
+}
+
+impl Leadership {
+    /// No election: this process always leads.
+    pub fn always() -> Self {
+        Leadership {
+            elected: false,
+            until: Mutex::new(None),
+            leading: AtomicBool::new(true),
+            changes: watch::Sender::new(true),
+        }
+    }
+
+    /// With election: standby until the Lease is ours.
+    pub fn elected() -> Self {
+        Leadership {
+            elected: true,
+            until: Mutex::new(None),
+            leading: AtomicBool::new(false),
+            changes: watch::Sender::new(false),
+        }
+    }
+
+    /// Whether a write may be made right now.
+    pub fn may_write(&self) -> bool {
+        if !self.elected {
+            return true;
+        }
+        self.leading.load(Ordering::SeqCst)
+            && self
+                .until
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Notified with `true` whenever this process becomes the leader.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.changes.subscribe()
+    }
+
+    fn set(&self, leading: bool, until: Option<Instant>) {
+        *self.until.lock().unwrap_or_else(|p| p.into_inner()) = until;
+        let was = self.leading.swap(leading, Ordering::SeqCst);
+        if was != leading {
+            self.changes.send_replace(leading);
+        }
+    }
+}
+
+/// Election settings, from the flags.
+#[derive(Clone, Debug)]
+pub struct ElectionConfig {
+    pub namespace: String,
+    pub lease_name: String,
+    pub identity: String,
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
+
+/// Takes part in the election until `shutdown` resolves (then releases the Lease and returns Ok)
+/// or leadership is lost (then returns `Err`, and the process should exit non-zero).
+pub async fn run(
+    client: Client,
+    config: ElectionConfig,
+    leadership: &Leadership,
+    metrics: &Metrics,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
+    let lease_secs = config.lease_duration.as_secs().max(2);
+    let deadline_secs = config.renew_deadline.as_secs().clamp(1, lease_secs - 1);
+    let manager = LeaseManagerBuilder::new(client.clone(), &config.lease_name)
+        .with_namespace(&config.namespace)
+        .with_identity(&config.identity)
+        .with_duration(lease_secs)
+        // Renew halfway to the deadline (grace is counted back from expiry), so a renewal always
+        // lands well before writes would stop.
+        .with_grace(lease_secs - (deadline_secs / 2).max(1))
+        .with_create_mode(LeaseCreateMode::AutoCreate)
+        .build()
+        .await
+        .map_err(|e| {
+            Error::Config(format!(
+                "leader election Lease {}/{}: {e}",
+                config.namespace, config.lease_name
+            ))
+        })?;
+    let (mut manager_says, task) = manager.watch().await;
+    let leases: Api<Lease> = Api::namespaced(client, &config.namespace);
+    let deadline = Duration::from_secs(deadline_secs);
+    let mut tick = tokio::time::interval(config.retry_period.max(Duration::from_millis(200)));
+    tokio::pin!(shutdown);
+    info!(lease = %config.lease_name, namespace = %config.namespace, identity = %config.identity, "waiting for leadership");
+
+    let outcome = loop {
+        tokio::select! {
+            _ = &mut shutdown => break Ok(()),
+            changed = manager_says.changed() => {
+                if changed.is_err() {
+                    break Err(Error::Config("the lease manager stopped".into()));
+                }
+            }
+            _ = tick.tick() => {}
+        }
+        let holds = *manager_says.borrow_and_update();
+        let until = if holds {
+            confirmed_until(&leases, &config, deadline).await
+        } else {
+            None
+        };
+        let leading = until.is_some_and(|u| Instant::now() < u);
+        let was_leading = leadership.leading.load(Ordering::SeqCst);
+        if leading && !was_leading {
+            info!(identity = %config.identity, "became the leader");
+            metrics.set_leader(true);
+        }
+        if was_leading && !leading {
+            leadership.set(false, None);
+            metrics.set_leader(false);
+            warn!(identity = %config.identity, "lost leadership (not renewed within the deadline, or taken over); exiting");
+            break Err(Error::LeadershipLost);
+        }
+        leadership.set(leading, until);
+    };
+
+    // Stop writing first, then let the manager release the Lease (dropping the receiver does it).
+    leadership.set(false, None);
+    metrics.set_leader(false);
+    drop(manager_says);
+    match tokio::time::timeout(Duration::from_secs(3), task).await {
+        Ok(Ok(Ok(_))) => info!("released the leader Lease"),
+        Ok(Ok(Err(e))) => warn!(error = %e, "could not release the leader Lease"),
+        Ok(Err(e)) => warn!(error = %e, "lease task failed"),
+        Err(_) => warn!("releasing the leader Lease timed out"),
+    }
+    outcome
+}
+
+/// Until when our last renewal seen on the Lease lets us write: `renewTime + deadline` mapped to a
+/// local instant. `None` if the Lease is not ours or cannot be read.
+async fn confirmed_until(
+    leases: &Api<Lease>,
+    config: &ElectionConfig,
+    deadline: Duration,
+) -> Option<Instant> {
+    let lease = match leases.get(&config.lease_name).await {
+        Ok(lease) => lease,
+        Err(e) => {
+            warn!(error = %e, "cannot read the leader Lease");
+            return None;
+        }
+    };
+    let spec = lease.spec?;
+    if spec.holder_identity.as_deref() != Some(config.identity.as_str()) {
+        return None;
+    }
+    let renewed: SystemTime = spec.renew_time?.0.into();
+    let age = SystemTime::now()
+        .duration_since(renewed)
+        .unwrap_or(Duration::ZERO);
+    deadline.checked_sub(age).map(|left| Instant::now() + left)
+}

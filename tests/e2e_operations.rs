@@ -1,0 +1,292 @@
+//! Operating the controller: leader election with failover, metrics and probes, SIGTERM.
+//! Each test has its own namespace, Lease and controller processes (default election timings:
+//! lease 15 s, renew deadline 10 s, retry 2 s).
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use serde_json::json;
+use support::fixtures::*;
+use support::{wait_for, wait_for_gone, wait_for_pod_phase};
+
+const LEASE_DURATION: Duration = Duration::from_secs(15);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+async fn holder(leases: &Api<Lease>, name: &str) -> Option<String> {
+    leases
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()?
+        .spec?
+        .holder_identity
+        .filter(|h| !h.is_empty())
+}
+
+/// GET http://127.0.0.1:<port><path>: (status, body).
+async fn http_get(port: u16, path: &str) -> (u16, String) {
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}",
+            &format!("http://127.0.0.1:{port}{path}"),
+        ])
+        .output()
+        .await
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// The value of an unlabelled sample, or the sum over the samples of a labelled family.
+fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split([' ', '{']).next() == Some(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn election_env(test: &str, pvs: usize) -> (Env, String) {
+    let mut env = Env::new(test, pvs, &[]).await;
+    env.controller = None; // this test starts its own controllers
+    let lease = format!("lease-{}", env.ns.name);
+    (env, lease)
+}
+
+async fn start_elected(env: &Env, lease: &str, name: &str, extra: &[&str]) -> Controller {
+    let mut args = vec![
+        "--leader-elect",
+        "--leader-election-namespace",
+        &env.ns.name,
+        "--leader-election-id",
+        lease,
+    ];
+    args.extend_from_slice(extra);
+    Controller::start_with_env(&env.cluster, &env.ns.name, &args, &[("POD_NAME", name)]).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_instances_one_acts_and_the_other_takes_over() {
+    let (env, lease) = election_env("failover", 3).await;
+    let mut spec = SetSpec::new("web", 3, &env.class);
+    spec.template = Some(template(
+        json!({}),
+        json!({"sim.scaledown.io/after": "25s"}),
+        "",
+    ));
+    let mut a = Some(start_elected(&env, &lease, "replica-a", &[]).await);
+    let mut b = Some(start_elected(&env, &lease, "replica-b", &[]).await);
+    let leases: Api<Lease> = env.ns.api();
+    let leader =
+        support::wait_for_some("a leader", LONG, || async { holder(&leases, &lease).await }).await;
+    env.create_running(&spec).await;
+
+    env.scale("web", 2).await;
+    let cleanup = env.wait_cleanup_pod("web-2").await;
+    wait_for_pod_phase(&env.pods(), "web-2", "Running", LONG).await;
+    let instances = |events: Vec<Event>| -> BTreeSet<String> {
+        events
+            .into_iter()
+            .filter(|e| {
+                e.reporting_controller.as_deref() == Some("statefulset-scaledown-controller")
+            })
+            .filter_map(|e| e.reporting_instance)
+            .collect()
+    };
+    let events: Api<Event> = env.ns.api();
+    let before = instances(
+        events
+            .list(&ListParams::default())
+            .await
+            .expect("events")
+            .items,
+    );
+    assert_eq!(
+        before,
+        BTreeSet::from([leader.clone()]),
+        "only the leader acts"
+    );
+
+    // SIGKILL the leader in the middle of the cleanup.
+    let (dead, survivor) = if leader == "replica-a" {
+        (&mut a, "replica-b")
+    } else {
+        (&mut b, "replica-a")
+    };
+    let killed_at = Instant::now();
+    if let Some(c) = dead.as_mut() {
+        c.kill().await;
+    }
+    wait_for(
+        "the survivor holds the Lease",
+        LEASE_DURATION + Duration::from_secs(20),
+        || async { holder(&leases, &lease).await.as_deref() == Some(survivor) },
+    )
+    .await;
+    let takeover = killed_at.elapsed();
+    record(
+        "leader SIGKILLed -> other replica holds the Lease",
+        format!("{} ms", takeover.as_millis()),
+    );
+    assert!(
+        takeover <= LEASE_DURATION + Duration::from_secs(5),
+        "takeover took {takeover:?}, more than lease duration + 5 s"
+    );
+
+    // The survivor finishes the cleanup the dead leader started, without a second cleanup pod.
+    env.wait_claim_gone("data-web-2").await;
+    wait_for_gone(&env.pods(), "web-2", LONG).await;
+    let all: Vec<Event> = events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items;
+    let creates: Vec<&Event> = all
+        .iter()
+        .filter(|e| e.reporting_controller.as_deref() == Some("statefulset-scaledown-controller"))
+        .filter(|e| e.reason.as_deref() == Some("SuccessfulCreate"))
+        .collect();
+    assert_eq!(
+        creates.len(),
+        1,
+        "the cleanup pod {} was created once",
+        cleanup.name_any()
+    );
+    let completed_by: BTreeSet<String> = all
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("CleanupSuccess"))
+        .filter_map(|e| e.reporting_instance.clone())
+        .collect();
+    assert_eq!(completed_by, BTreeSet::from([survivor.to_string()]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_and_probes_follow_a_scale_down() {
+    let mut env = Env::new("metrics", 5, &[]).await;
+    let (metrics_port, probe_port) = (free_port(), free_port());
+    let metrics_flag = format!("--metrics-bind-address=127.0.0.1:{metrics_port}");
+    let probe_flag = format!("--health-probe-bind-address=127.0.0.1:{probe_port}");
+    env.controller =
+        Some(Controller::start(&env.cluster, &env.ns.name, &[&metrics_flag, &probe_flag]).await);
+    wait_for("/readyz 200", LONG, || async {
+        http_get(probe_port, "/readyz").await.0 == 200
+    })
+    .await;
+    assert_eq!(http_get(probe_port, "/healthz").await.0, 200);
+
+    // A set that did not opt in, scaled down: its claim shows up as an orphan nobody cleans.
+    let mut unmanaged = SetSpec::new("plain", 2, &env.class);
+    unmanaged.template = None;
+    env.create(&unmanaged).await;
+    wait_for_pod_phase(&env.pods(), "plain-1", "Running", LONG).await;
+    env.scale("plain", 1).await;
+
+    env.create_running(&SetSpec::new("web", 3, &env.class))
+        .await;
+    let (_, before) = http_get(metrics_port, "/metrics").await;
+    env.scale("web", 2).await;
+    env.wait_claim_gone("data-web-2").await;
+    wait_for_gone(&env.pods(), "web-2", LONG).await;
+    let (status, after) = http_get(metrics_port, "/metrics").await;
+    assert_eq!(status, 200);
+    let delta = |name: &str| sample(&after, name) - sample(&before, name);
+    assert_eq!(delta("scaledown_cleanups_started_total"), 1.0, "{after}");
+    assert_eq!(delta("scaledown_cleanups_succeeded_total"), 1.0);
+    assert_eq!(delta("scaledown_claims_deleted_total"), 1.0);
+    assert!(delta("scaledown_reconciles_total") >= 1.0);
+    assert_eq!(delta("scaledown_cleanup_duration_seconds_count"), 1.0);
+    assert_eq!(sample(&after, "scaledown_leader"), 1.0);
+    assert_eq!(sample(&after, "scaledown_cleanups_running"), 0.0);
+    let orphan_line = format!(
+        "scaledown_orphaned_claims{{namespace=\"{}\"}} 1",
+        env.ns.name
+    );
+    wait_for("orphaned claims gauge", LONG, || async {
+        http_get(metrics_port, "/metrics")
+            .await
+            .1
+            .lines()
+            .any(|l| l == orphan_line)
+    })
+    .await;
+
+    // Every metric the README names is served.
+    let readme = include_str!("../README.md");
+    let (_, served) = http_get(metrics_port, "/metrics").await;
+    for name in readme
+        .lines()
+        .filter(|l| l.starts_with("| `scaledown_"))
+        .filter_map(|l| l.split('`').nth(1))
+    {
+        assert!(
+            served.lines().any(|l| l.starts_with(name)),
+            "README metric {name} is not in /metrics:\n{served}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_releases_the_lease_and_exits_zero() {
+    let (env, lease) = election_env("sigterm", 0).await;
+    let mut controller = start_elected(&env, &lease, "replica-term", &[]).await;
+    let leases: Api<Lease> = env.ns.api();
+    wait_for("leadership", LONG, || async {
+        holder(&leases, &lease).await.as_deref() == Some("replica-term")
+    })
+    .await;
+    // Idle memory, once leading with synced caches.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pid = controller.pid().expect("running");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    if let Some(rss) = status.lines().find(|l| l.starts_with("VmRSS:")) {
+        record(
+            "controller RSS at idle (leader, one namespace)",
+            rss.trim_start_matches("VmRSS:").trim().to_string(),
+        );
+    }
+
+    let sent = Instant::now();
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(kill.success());
+    let exit = tokio::time::timeout(Duration::from_secs(5), controller.child.wait())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "no exit within 5 s of SIGTERM:\n{}",
+                controller.log_tail(20)
+            )
+        })
+        .expect("wait");
+    record(
+        "SIGTERM -> exit",
+        format!("{} ms", sent.elapsed().as_millis()),
+    );
+    assert_eq!(
+        exit.code(),
+        Some(0),
+        "exit code after SIGTERM:\n{}",
+        controller.log_tail(20)
+    );
+    assert_eq!(holder(&leases, &lease).await, None, "the Lease is released");
+}

@@ -1,0 +1,393 @@
+//! Fixtures of the controller e2e tests: the controller as a child process, StatefulSets with a
+//! cleanup template, and a test environment (namespace, PVs, controller) with the usual waits.
+#![allow(dead_code)] // each test file uses a different part
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use super::{
+    Cluster, Reclaim, TestNamespace, from_json, wait_for, wait_for_gone, wait_for_pod_phase,
+};
+
+pub const OWNER: &str = "statefulsets.kubernetes.io/scaledown-pod-owner";
+pub const FINALIZER: &str = "statefulsets.kubernetes.io/scaledown";
+pub const HOLD: &str = "e2e.scaledown.io/hold";
+pub const LONG: Duration = Duration::from_secs(90);
+
+// === the controller under test ===
+
+/// A controller process limited to one namespace; killed when dropped, its log printed on failure.
+pub struct Controller {
+    pub child: tokio::process::Child,
+    pub log: PathBuf,
+}
+
+impl Controller {
+    pub async fn start(cluster: &Cluster, namespace: &str, extra: &[&str]) -> Controller {
+        Controller::start_with_env(cluster, namespace, extra, &[]).await
+    }
+
+    /// Starts the controller with `extra` flags and environment; metrics and probes stay off unless
+    /// `extra` asks for them, so parallel tests never compete for a port.
+    pub async fn start_with_env(
+        cluster: &Cluster,
+        namespace: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Controller {
+        let mut defaults = Vec::new();
+        for flag in ["--metrics-bind-address", "--health-probe-bind-address"] {
+            if !extra.iter().any(|a| a.starts_with(flag)) {
+                defaults.push(format!("{flag}=0"));
+            }
+        }
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/e2e-logs");
+        std::fs::create_dir_all(&dir).expect("log dir");
+        // One log per controller: the namespace, plus POD_NAME when a test runs several.
+        let instance = env
+            .iter()
+            .find(|(k, _)| *k == "POD_NAME")
+            .map(|(_, v)| format!("-{v}"));
+        let log = dir.join(format!("{namespace}{}.log", instance.unwrap_or_default()));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log file");
+        let child =
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_statefulset-scaledown-controller"))
+                .arg("--kubeconfig")
+                .arg(&cluster.kubeconfig)
+                .args([
+                    "--namespace",
+                    namespace,
+                    "--cleanup-backoff",
+                    "1s",
+                    "--resync-period",
+                    "10s",
+                ])
+                .args(extra)
+                .args(&defaults)
+                .envs(env.iter().copied())
+                .env("RUST_LOG", "info,statefulset_scaledown_controller=debug")
+                .stdout(Stdio::null())
+                .stderr(file)
+                .kill_on_drop(true)
+                .spawn()
+                .expect("start the controller binary");
+        Controller { child, log }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// The last lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// SIGKILL, as a crash would.
+    pub async fn kill(&mut self) {
+        self.child.kill().await.expect("kill controller");
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!(
+                "--- controller log {} (last 60 lines) ---",
+                self.log.display()
+            );
+            for line in tail.into_iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+// === fixtures ===
+
+/// A cleanup template mounting `data` (and `logs` when asked); `labels`/`annotations` add to it.
+pub fn template(labels: Value, annotations: Value, restart_policy: &str) -> String {
+    json!({
+        "metadata": {"labels": merge(json!({"app": "cleanup"}), labels), "annotations": annotations},
+        "spec": {
+            "restartPolicy": restart_policy,
+            "containers": [{"name": "main", "image": "busybox",
+                            "volumeMounts": [{"name": "data", "mountPath": "/var/data"}]}]
+        }
+    })
+    .to_string()
+}
+
+pub fn ok_template() -> String {
+    template(json!({}), json!({}), "")
+}
+
+pub fn merge(mut a: Value, b: Value) -> Value {
+    if let (Some(a), Value::Object(b)) = (a.as_object_mut(), b) {
+        a.extend(b);
+    }
+    a
+}
+
+pub struct SetSpec<'a> {
+    pub name: &'a str,
+    pub replicas: i32,
+    pub class: &'a str,
+    pub template: Option<String>,
+    pub claim_templates: &'a [&'a str],
+    pub parallel: bool,
+    pub start: Option<i32>,
+    pub extra_spec: Value,
+}
+
+impl<'a> SetSpec<'a> {
+    pub fn new(name: &'a str, replicas: i32, class: &'a str) -> Self {
+        SetSpec {
+            name,
+            replicas,
+            class,
+            template: Some(ok_template()),
+            claim_templates: &["data"],
+            parallel: false,
+            start: None,
+            extra_spec: json!({}),
+        }
+    }
+
+    pub fn build(&self) -> StatefulSet {
+        let claims: Vec<Value> = self
+            .claim_templates
+            .iter()
+            .map(|t| {
+                json!({"metadata": {"name": t}, "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": self.class,
+                        "resources": {"requests": {"storage": "1Gi"}}}})
+            })
+            .collect();
+        let mounts: Vec<Value> = self
+            .claim_templates
+            .iter()
+            .map(|t| json!({"name": t, "mountPath": format!("/{t}")}))
+            .collect();
+        let mut annotations = json!({});
+        if let Some(t) = &self.template {
+            annotations["statefulsets.kubernetes.io/scaledown-pod-template"] = json!(t);
+        }
+        let mut spec = json!({
+            "replicas": self.replicas,
+            "serviceName": self.name,
+            "podManagementPolicy": if self.parallel { "Parallel" } else { "OrderedReady" },
+            "selector": {"matchLabels": {"app": self.name}},
+            "template": {
+                "metadata": {"labels": {"app": self.name}},
+                "spec": {"terminationGracePeriodSeconds": 1,
+                         "containers": [{"name": "main", "image": "busybox", "volumeMounts": mounts}]}
+            },
+            "volumeClaimTemplates": claims,
+        });
+        if let Some(start) = self.start {
+            spec["ordinals"] = json!({"start": start});
+        }
+        spec = merge(spec, self.extra_spec.clone());
+        from_json(json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                         "metadata": {"name": self.name, "annotations": annotations}, "spec": spec}))
+    }
+}
+
+/// A test's namespace, PVs and controller.
+pub struct Env {
+    pub cluster: Cluster,
+    pub ns: TestNamespace,
+    pub class: String,
+    pub controller: Option<Controller>,
+}
+
+impl Env {
+    pub async fn new(test: &str, pvs: usize, controller_args: &[&str]) -> Env {
+        let cluster = Cluster::connect().await;
+        let ns = cluster.namespace(test).await;
+        let class = ns.create_static_pvs("pv", pvs, Reclaim::Retain).await.class;
+        let controller = Some(Controller::start(&cluster, &ns.name, controller_args).await);
+        Env {
+            cluster,
+            ns,
+            class,
+            controller,
+        }
+    }
+
+    pub fn sets(&self) -> Api<StatefulSet> {
+        self.ns.api()
+    }
+    pub fn pods(&self) -> Api<Pod> {
+        self.ns.api()
+    }
+    pub fn claims(&self) -> Api<PersistentVolumeClaim> {
+        self.ns.api()
+    }
+
+    pub async fn create(&self, spec: &SetSpec<'_>) {
+        self.sets()
+            .create(&PostParams::default(), &spec.build())
+            .await
+            .expect("create statefulset");
+    }
+
+    /// Creates the set and waits until all its pods run and its claims are bound.
+    pub async fn create_running(&self, spec: &SetSpec<'_>) {
+        self.create(spec).await;
+        let start = spec.start.unwrap_or(0);
+        for n in start..start + spec.replicas {
+            wait_for_pod_phase(&self.pods(), &format!("{}-{n}", spec.name), "Running", LONG).await;
+        }
+        self.wait_finalizer(spec.name, spec.template.is_some())
+            .await;
+    }
+
+    pub async fn wait_finalizer(&self, set: &str, present: bool) {
+        let sets = self.sets();
+        wait_for(
+            &format!("finalizer on {set} present={present}"),
+            LONG,
+            || async {
+                match sets.get_opt(set).await {
+                    Ok(Some(s)) => s.finalizers().iter().any(|f| f == FINALIZER) == present,
+                    _ => false,
+                }
+            },
+        )
+        .await;
+    }
+
+    pub async fn scale(&self, set: &str, replicas: i32) {
+        let patch = json!({"spec": {"replicas": replicas}});
+        self.sets()
+            .patch(set, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("scale");
+    }
+
+    pub async fn claim_uid(&self, name: &str) -> Option<String> {
+        self.claims()
+            .get_opt(name)
+            .await
+            .expect("get claim")
+            .and_then(|c| c.uid())
+    }
+
+    pub async fn wait_claim_gone(&self, name: &str) {
+        wait_for_gone(&self.claims(), name, LONG).await;
+    }
+
+    /// The cleanup pod of `pod_name`, once it exists.
+    pub async fn wait_cleanup_pod(&self, pod_name: &str) -> Pod {
+        let pods = self.pods();
+        super::wait_for_some(&format!("cleanup pod {pod_name}"), LONG, || async {
+            pods.get_opt(pod_name)
+                .await
+                .ok()
+                .flatten()
+                .filter(is_cleanup)
+        })
+        .await
+    }
+
+    /// Reasons of the Events our controller published on `set`.
+    pub async fn event_reasons(&self, set: &str) -> Vec<String> {
+        let events: Api<Event> = self.ns.api();
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .expect("list events");
+        list.items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(set))
+            // Only ours: the StatefulSet controller reports `SuccessfulCreate` too.
+            .filter(|e| {
+                e.reporting_controller.as_deref() == Some("statefulset-scaledown-controller")
+            })
+            .filter_map(|e| e.reason)
+            .collect()
+    }
+
+    pub async fn wait_event(&self, set: &str, reason: &str) {
+        wait_for(&format!("event {reason} on {set}"), LONG, || async {
+            self.event_reasons(set).await.iter().any(|r| r == reason)
+        })
+        .await;
+    }
+
+    pub async fn hold_pod(&self, name: &str, hold: bool) {
+        let finalizers: Vec<&str> = if hold { vec![HOLD] } else { vec![] };
+        let patch = json!({"metadata": {"finalizers": finalizers}});
+        self.pods()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("patch pod finalizers");
+    }
+
+    pub fn controller(&mut self) -> &mut Controller {
+        self.controller.as_mut().expect("controller running")
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        // Without the controller, our finalizer would keep the namespace from being deleted.
+        self.controller.take();
+        let _ = std::process::Command::new(super::kubectl_binary())
+            .arg("--kubeconfig")
+            .arg(&self.cluster.kubeconfig)
+            .args([
+                "-n",
+                &self.ns.name,
+                "patch",
+                "statefulsets",
+                "--all",
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+            ])
+            .output();
+    }
+}
+
+pub fn is_cleanup(pod: &Pod) -> bool {
+    pod.annotations().contains_key(OWNER)
+}
+
+pub async fn cleanup_pods(pods: &Api<Pod>) -> Vec<Pod> {
+    pods.list(&ListParams::default().labels("scaledown-pod"))
+        .await
+        .expect("list cleanup pods")
+        .items
+}
+
+/// Appends a measured number to target/e2e-measurements.txt (printed by .ci/run).
+pub fn record(what: &str, value: String) {
+    use std::io::Write;
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/e2e-measurements.txt");
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(f, "[measure] {what}: {value}");
+    }
+}
