@@ -9,4 +9,6 @@ RUN cargo build --release --locked --bin statefulset-scaledown-controller
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /src/target/release/statefulset-scaledown-controller /statefulset-scaledown-controller
 USER 65532:65532
+# --metrics-bind-address (/metrics) and --health-probe-bind-address (/healthz, /readyz)
+EXPOSE 8080 8081
 ENTRYPOINT ["/statefulset-scaledown-controller"]

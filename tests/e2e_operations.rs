@@ -246,7 +246,7 @@ async fn metrics_and_probes_follow_a_scale_down() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_releases_the_lease_and_exits_zero() {
     let (env, lease) = election_env("sigterm", 0).await;
-    let mut controller = start_elected(&env, &lease, "replica-term", &[]).await;
+    let mut controller = start_elected(&env, &lease, "replica-term", &["--log-format=json"]).await;
     let leases: Api<Lease> = env.ns.api();
     wait_for("leadership", LONG, || async {
         holder(&leases, &lease).await.as_deref() == Some("replica-term")
@@ -289,4 +289,15 @@ async fn sigterm_releases_the_lease_and_exits_zero() {
         controller.log_tail(20)
     );
     assert_eq!(holder(&leases, &lease).await, None, "the Lease is released");
+    // --log-format json: every line is one JSON object with a level and a message.
+    let log = controller.log_tail(10_000);
+    assert!(log.lines().count() > 3, "{log}");
+    for line in log.lines() {
+        let value: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(
+            value.get("level").is_some() && value.get("message").is_some(),
+            "{line}"
+        );
+    }
 }
