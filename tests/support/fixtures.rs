@@ -28,6 +28,7 @@ pub const LONG: Duration = Duration::from_secs(90);
 pub struct Controller {
     pub child: tokio::process::Child,
     pub log: PathBuf,
+    pub started: std::time::Instant,
 }
 
 impl Controller {
@@ -43,20 +44,44 @@ impl Controller {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Controller {
-        let mut defaults = Vec::new();
+        let mut args: Vec<String> = [
+            "--namespace",
+            namespace,
+            "--cleanup-backoff",
+            "1s",
+            "--resync-period",
+            "10s",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        args.extend(extra.iter().map(|a| a.to_string()));
         for flag in ["--metrics-bind-address", "--health-probe-bind-address"] {
             if !extra.iter().any(|a| a.starts_with(flag)) {
-                defaults.push(format!("{flag}=0"));
+                args.push(format!("{flag}=0"));
             }
         }
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/e2e-logs");
-        std::fs::create_dir_all(&dir).expect("log dir");
         // One log per controller: the namespace, plus POD_NAME when a test runs several.
         let instance = env
             .iter()
             .find(|(k, _)| *k == "POD_NAME")
             .map(|(_, v)| format!("-{v}"));
-        let log = dir.join(format!("{namespace}{}.log", instance.unwrap_or_default()));
+        let log_name = format!("{namespace}{}", instance.unwrap_or_default());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Controller::spawn(&cluster.kubeconfig, &log_name, &args, env)
+    }
+
+    /// Runs the controller binary with `kubeconfig`, these flags and environment; its log goes to
+    /// target/e2e-logs/<log_name>.log.
+    pub fn spawn(
+        kubeconfig: &std::path::Path,
+        log_name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Controller {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/e2e-logs");
+        std::fs::create_dir_all(&dir).expect("log dir");
+        let log = dir.join(format!("{log_name}.log"));
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -65,17 +90,8 @@ impl Controller {
         let child =
             tokio::process::Command::new(env!("CARGO_BIN_EXE_statefulset-scaledown-controller"))
                 .arg("--kubeconfig")
-                .arg(&cluster.kubeconfig)
-                .args([
-                    "--namespace",
-                    namespace,
-                    "--cleanup-backoff",
-                    "1s",
-                    "--resync-period",
-                    "10s",
-                ])
-                .args(extra)
-                .args(&defaults)
+                .arg(kubeconfig)
+                .args(args)
                 .envs(env.iter().copied())
                 .env("RUST_LOG", "info,statefulset_scaledown_controller=debug")
                 .stdout(Stdio::null())
@@ -83,7 +99,27 @@ impl Controller {
                 .kill_on_drop(true)
                 .spawn()
                 .expect("start the controller binary");
-        Controller { child, log }
+        Controller {
+            child,
+            log,
+            started: std::time::Instant::now(),
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Panics if the process has exited.
+    pub fn assert_alive(&mut self) {
+        match self.child.try_wait() {
+            Ok(None) => {}
+            Ok(Some(status)) => panic!(
+                "the controller exited ({status}) after {:?}",
+                self.started.elapsed()
+            ),
+            Err(e) => panic!("cannot check the controller process: {e}"),
+        }
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -92,7 +128,7 @@ impl Controller {
 
     /// The last lines of its log.
     pub fn log_tail(&self, lines: usize) -> String {
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let log = self.log_text();
         let all: Vec<&str> = log.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
     }
@@ -107,7 +143,7 @@ impl Drop for Controller {
     fn drop(&mut self) {
         let _ = self.child.start_kill();
         if std::thread::panicking() {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let log = self.log_text();
             let tail: Vec<&str> = log.lines().rev().take(60).collect();
             eprintln!(
                 "--- controller log {} (last 60 lines) ---",
@@ -351,20 +387,21 @@ impl Drop for Env {
     fn drop(&mut self) {
         // Without the controller, our finalizer would keep the namespace from being deleted.
         self.controller.take();
-        let _ = std::process::Command::new(super::kubectl_binary())
-            .arg("--kubeconfig")
-            .arg(&self.cluster.kubeconfig)
-            .args([
-                "-n",
-                &self.ns.name,
-                "patch",
-                "statefulsets",
-                "--all",
-                "--type=merge",
-                "-p",
-                r#"{"metadata":{"finalizers":null}}"#,
-            ])
-            .output();
+        let kubectl = |args: &[&str]| {
+            std::process::Command::new(super::kubectl_binary())
+                .arg("--kubeconfig")
+                .arg(&self.cluster.kubeconfig)
+                .args(["-n", &self.ns.name])
+                .args(args)
+                .output()
+        };
+        let Ok(listed) = kubectl(&["get", "statefulsets", "-o", "name"]) else {
+            return;
+        };
+        for set in String::from_utf8_lossy(&listed.stdout).lines() {
+            let patch = r#"{"metadata":{"finalizers":null}}"#;
+            let _ = kubectl(&["patch", set, "--type=merge", "-p", patch]);
+        }
     }
 }
 
