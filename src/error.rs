@@ -73,24 +73,6 @@ impl Error {
             Error::LeadershipLost | Error::NotLeader => "not_leader",
         }
     }
-
-    /// Every value `category` can return, for metric pre-registration and docs.
-    pub const CATEGORIES: &'static [&'static str] = &[
-        "unauthorized",
-        "forbidden",
-        "not_found",
-        "conflict",
-        "invalid",
-        "throttled",
-        "server_error",
-        "api_error",
-        "transport",
-        "pod_rejected",
-        "cache_not_ready",
-        "internal",
-        "config",
-        "not_leader",
-    ];
 }
 
 /// The HTTP status of an API error, if it is one.
@@ -98,5 +80,46 @@ pub(crate) fn status_code(err: &kube::Error) -> Option<u16> {
     match err {
         kube::Error::Api(status) => Some(status.code),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> Error {
+        let status = kube::core::Status {
+            code,
+            ..Default::default()
+        };
+        Error::kube("delete claim", "data-web-2")(kube::Error::Api(Box::new(status)))
+    }
+
+    #[test]
+    fn categories_are_bounded_names() {
+        let cases = [
+            (api(403), "forbidden"),
+            (api(409), "conflict"),
+            (api(422), "invalid"),
+            (api(503), "server_error"),
+            (api(418), "api_error"),
+            (
+                Error::PodRejected {
+                    pod: "web-2".into(),
+                    message: "bad".into(),
+                },
+                "pod_rejected",
+            ),
+            (Error::NotLeader, "not_leader"),
+            (Error::CacheNotReady("pod"), "cache_not_ready"),
+        ];
+        for (err, want) in cases {
+            assert_eq!(err.category(), want, "{err}");
+        }
+        assert!(
+            api(409)
+                .to_string()
+                .starts_with("delete claim data-web-2: ")
+        );
     }
 }
