@@ -191,3 +191,42 @@ async fn confirmed_until(
         .unwrap_or(Duration::ZERO);
     deadline.checked_sub(age).map(|left| Instant::now() + left)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_stop_at_the_renew_deadline_by_the_local_clock() {
+        assert!(
+            Leadership::always().may_write(),
+            "without election this process always writes"
+        );
+        let l = Leadership::elected();
+        assert!(!l.may_write(), "a candidate does not write");
+        l.set(true, Some(Instant::now() + Duration::from_millis(50)));
+        assert!(l.may_write());
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(
+            !l.may_write(),
+            "past the deadline, even before the election task notices"
+        );
+        l.set(true, Some(Instant::now() + Duration::from_secs(10)));
+        assert!(l.may_write());
+        l.set(false, None);
+        assert!(!l.may_write());
+    }
+
+    #[test]
+    fn becoming_leader_is_announced() {
+        let l = Leadership::elected();
+        let mut rx = l.subscribe();
+        l.set(true, Some(Instant::now() + Duration::from_secs(1)));
+        assert!(rx.has_changed().unwrap_or(false) && *rx.borrow_and_update());
+        l.set(true, Some(Instant::now() + Duration::from_secs(2)));
+        assert!(
+            !rx.has_changed().unwrap_or(true),
+            "a renewal is not a change"
+        );
+    }
+}

@@ -301,3 +301,64 @@ async fn sigterm_releases_the_lease_and_exits_zero() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_leader_stops_writing_and_exits_non_zero() {
+    let (env, lease) = election_env("frozen-leader", 2).await;
+    let mut a = start_elected(&env, &lease, "replica-a", &[]).await;
+    let leases: Api<Lease> = env.ns.api();
+    wait_for("replica-a leads", LONG, || async {
+        holder(&leases, &lease).await.as_deref() == Some("replica-a")
+    })
+    .await;
+    let b = start_elected(&env, &lease, "replica-b", &[]).await;
+
+    // Freeze the leader past its lease: it can neither renew nor notice.
+    let pid = a.pid().expect("running").to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    wait_for(
+        "replica-b takes over",
+        LEASE_DURATION + Duration::from_secs(20),
+        || async { holder(&leases, &lease).await.as_deref() == Some("replica-b") },
+    )
+    .await;
+    // A scale-down while the old leader is frozen is handled by the new one alone.
+    env.create_running(&SetSpec::new("web", 2, &env.class))
+        .await;
+    env.scale("web", 1).await;
+    env.wait_cleanup_pod("web-1").await;
+    let resumed_at = k8s_openapi::jiff::Timestamp::now();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .expect("kill")
+            .success()
+    );
+
+    // On waking it finds its deadline passed and the Lease taken: it exits non-zero, writing nothing.
+    let exit = tokio::time::timeout(Duration::from_secs(10), a.child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("the old leader kept running:\n{}", a.log_tail(20)))
+        .expect("wait");
+    assert_ne!(exit.code(), Some(0), "{}", a.log_tail(20));
+    env.wait_claim_gone("data-web-1").await;
+    let events: Api<Event> = env.ns.api();
+    let late_from_a = events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.reporting_instance.as_deref() == Some("replica-a"))
+        .filter(|e| e.event_time.as_ref().is_some_and(|t| t.0 >= resumed_at))
+        .count();
+    assert_eq!(late_from_a, 0, "the old leader wrote after it woke up");
+    drop(b);
+}

@@ -650,22 +650,23 @@ async fn assert_all_cleaned(env: &Env) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn deleted_with_foreground_propagation() {
-    let env = Env::new("delete-foreground", 3, &[]).await;
+/// Deleting the set cleans every ordinal, then the finalizer goes and nothing is left.
+async fn deletion_cleans_everything(test: &str, policy: PropagationPolicy) {
+    let env = Env::new(test, 3, &[]).await;
     env.create_running(&SetSpec::new("web", 3, &env.class))
         .await;
-    delete_set_and_wait(&env, "web", PropagationPolicy::Foreground).await;
+    delete_set_and_wait(&env, "web", policy).await;
     assert_all_cleaned(&env).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn deleted_with_foreground_propagation() {
+    deletion_cleans_everything("delete-foreground", PropagationPolicy::Foreground).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn deleted_with_background_propagation() {
-    let env = Env::new("delete-background", 3, &[]).await;
-    env.create_running(&SetSpec::new("web", 3, &env.class))
-        .await;
-    delete_set_and_wait(&env, "web", PropagationPolicy::Background).await;
-    assert_all_cleaned(&env).await;
+    deletion_cleans_everything("delete-background", PropagationPolicy::Background).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
