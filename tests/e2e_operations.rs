@@ -214,7 +214,14 @@ async fn metrics_and_probes_follow_a_scale_down() {
     assert!(delta("scaledown_reconciles_total") >= 1.0);
     assert_eq!(delta("scaledown_cleanup_duration_seconds_count"), 1.0);
     assert_eq!(sample(&after, "scaledown_leader"), 1.0);
-    assert_eq!(sample(&after, "scaledown_cleanups_running"), 0.0);
+    // The gauge follows the cache on the next reconcile after the pod is gone.
+    wait_for("cleanups_running back to 0", LONG, || async {
+        sample(
+            &http_get(metrics_port, "/metrics").await.1,
+            "scaledown_cleanups_running",
+        ) == 0.0
+    })
+    .await;
     let orphan_line = format!(
         "scaledown_orphaned_claims{{namespace=\"{}\"}} 1",
         env.ns.name
@@ -228,7 +235,8 @@ async fn metrics_and_probes_follow_a_scale_down() {
     })
     .await;
 
-    // Every metric the README names is served.
+    // Every metric the README names is served: its family is declared (a labelled family such as
+    // the error counter has samples only once a label value occurred).
     let readme = include_str!("../README.md");
     let (_, served) = http_get(metrics_port, "/metrics").await;
     for name in readme
@@ -236,8 +244,10 @@ async fn metrics_and_probes_follow_a_scale_down() {
         .filter(|l| l.starts_with("| `scaledown_"))
         .filter_map(|l| l.split('`').nth(1))
     {
+        let family = name.trim_end_matches("_total");
+        let declared = format!("# TYPE {family} ");
         assert!(
-            served.lines().any(|l| l.starts_with(name)),
+            served.lines().any(|l| l.starts_with(&declared)),
             "README metric {name} is not in /metrics:\n{served}"
         );
     }
