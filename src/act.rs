@@ -182,14 +182,7 @@ impl Actor {
                     self.metrics.claim_deleted();
                     info!(set = %set.name, namespace = ns, claim = %name, "deleted claim");
                     let note = format!("delete claim {name} in StatefulSet {}", set.name);
-                    let related = ObjectReference {
-                        api_version: Some("v1".into()),
-                        kind: Some("PersistentVolumeClaim".into()),
-                        name: Some(name.clone()),
-                        namespace: Some(ns.into()),
-                        uid: Some(uid.clone()),
-                        ..Default::default()
-                    };
+                    let related = core_ref("PersistentVolumeClaim", ns, name, uid);
                     self.publish(
                         set,
                         false,
@@ -385,9 +378,14 @@ fn set_ref(set: &SetFacts) -> ObjectReference {
 }
 
 fn pod_ref(ns: &str, name: &str, uid: &str) -> ObjectReference {
+    core_ref("Pod", ns, name, uid)
+}
+
+/// A reference to a core/v1 object, for an Event's related object.
+fn core_ref(kind: &str, ns: &str, name: &str, uid: &str) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
-        kind: Some("Pod".into()),
+        kind: Some(kind.into()),
         name: Some(name.into()),
         namespace: Some(ns.into()),
         uid: Some(uid.into()),

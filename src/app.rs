@@ -136,7 +136,7 @@ pub async fn run(
         cleanup_writer,
         watcher(
             api::<Pod>(&client, ns),
-            config.clone().labels(&watch::cleanup_selector()),
+            config.clone().labels(naming::CLEANUP_LABEL),
         )
         .modify(|p| p.managed_fields_mut().clear()),
     )

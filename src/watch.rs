@@ -53,11 +53,6 @@ impl Stores {
 /// How often a wait for cache readiness looks again.
 const READY_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// Label selector of the cleanup-pod watch.
-pub fn cleanup_selector() -> String {
-    naming::CLEANUP_LABEL.to_string()
-}
-
 /// The StatefulSet a pod concerns: the owner annotation of a cleanup pod, else its StatefulSet
 /// controller.
 pub fn set_of_pod<K: Resource>(pod: &K) -> Option<ObjectRef<StatefulSet>> {

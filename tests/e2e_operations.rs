@@ -11,7 +11,6 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use serde_json::json;
 use support::fixtures::*;
 use support::{wait_for, wait_for_gone, wait_for_pod_phase};
 
@@ -87,11 +86,7 @@ async fn start_elected(env: &Env, lease: &str, name: &str, extra: &[&str]) -> Co
 async fn two_instances_one_acts_and_the_other_takes_over() {
     let (env, lease) = election_env("failover", 3).await;
     let mut spec = SetSpec::new("web", 3, &env.class);
-    spec.template = Some(template(
-        json!({}),
-        json!({"sim.scaledown.io/after": "25s"}),
-        "",
-    ));
+    spec.template = Some(template_running_for("25s"));
     let mut a = Some(start_elected(&env, &lease, "replica-a", &[]).await);
     let mut b = Some(start_elected(&env, &lease, "replica-b", &[]).await);
     let leases: Api<Lease> = env.ns.api();

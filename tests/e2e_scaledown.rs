@@ -172,11 +172,7 @@ async fn parallel_5_to_2_cleans_all_at_once() {
     let env = Env::new("parallel", 5, &[]).await;
     let mut spec = SetSpec::new("web", 5, &env.class);
     spec.parallel = true;
-    spec.template = Some(template(
-        json!({}),
-        json!({"sim.scaledown.io/after": "6s"}),
-        "",
-    ));
+    spec.template = Some(template_running_for("6s"));
     env.create_running(&spec).await;
     env.scale("web", 2).await;
     let pods = env.pods();
@@ -490,11 +486,7 @@ async fn a_cleanup_pod_deleted_by_a_user_is_recreated() {
 async fn scale_up_during_cleanup() {
     let env = Env::new("scale-up-during", 4, &[]).await;
     let mut spec = SetSpec::new("web", 3, &env.class);
-    spec.template = Some(template(
-        json!({}),
-        json!({"sim.scaledown.io/after": "8s"}),
-        "",
-    ));
+    spec.template = Some(template_running_for("8s"));
     env.create_running(&spec).await;
     let old_claim = env.claim_uid("data-web-2").await;
     env.scale("web", 2).await;
@@ -562,11 +554,7 @@ async fn scale_up_before_the_cleanup_pod_is_created() {
 async fn controller_killed_while_a_cleanup_runs() {
     let mut env = Env::new("kill-running", 2, &[]).await;
     let mut spec = SetSpec::new("web", 2, &env.class);
-    spec.template = Some(template(
-        json!({}),
-        json!({"sim.scaledown.io/after": "6s"}),
-        "",
-    ));
+    spec.template = Some(template_running_for("6s"));
     env.create_running(&spec).await;
     env.scale("web", 1).await;
     let pod = env.wait_cleanup_pod("web-1").await;
@@ -593,11 +581,7 @@ async fn controller_killed_while_a_cleanup_runs() {
 async fn controller_killed_while_completing() {
     let mut env = Env::new("kill-completing", 3, &[]).await;
     let mut spec = SetSpec::new("web", 2, &env.class);
-    spec.template = Some(template(
-        json!({}),
-        json!({"sim.scaledown.io/after": "3s"}),
-        "",
-    ));
+    spec.template = Some(template_running_for("3s"));
     env.create_running(&spec).await;
     env.scale("web", 1).await;
     env.wait_cleanup_pod("web-1").await;
@@ -701,11 +685,7 @@ async fn deleted_with_orphan_propagation() {
 async fn deleted_while_a_cleanup_runs() {
     let env = Env::new("delete-during", 3, &[]).await;
     let mut spec = SetSpec::new("web", 3, &env.class);
-    spec.template = Some(template(
-        json!({}),
-        json!({"sim.scaledown.io/after": "6s"}),
-        "",
-    ));
+    spec.template = Some(template_running_for("6s"));
     env.create_running(&spec).await;
     env.scale("web", 2).await;
     env.wait_cleanup_pod("web-2").await;

@@ -171,6 +171,11 @@ pub fn template(labels: Value, annotations: Value, restart_policy: &str) -> Stri
     .to_string()
 }
 
+/// A cleanup template whose pod succeeds `after` (a Go duration) after it starts, under KWOK.
+pub fn template_running_for(after: &str) -> String {
+    template(json!({}), json!({"sim.scaledown.io/after": after}), "")
+}
+
 pub fn ok_template() -> String {
     template(json!({}), json!({}), "")
 }
