@@ -18,6 +18,15 @@ pub const CLAIMS_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-claims
 /// the next attempt. It carries the attempt count across the gap in which no cleanup pod exists.
 pub const NEXT_ATTEMPT_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-next-attempt";
 
+/// StatefulSet annotation, written only by this controller: JSON map ordinal -> UID of the cleanup
+/// pod this controller created for that ordinal and confirmed. It is the proof that a pod named
+/// `<set>-<ordinal>` is ours: labels and annotations on a pod can be forged by anyone who can
+/// create pods, this record only by someone who can already edit the StatefulSet.
+pub const RECORD_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-cleanups";
+/// Scheduling gate every cleanup pod is created with. It is removed only after a read of the
+/// StatefulSet made while the pod holds the name lock confirms the ordinal is still orphaned.
+pub const CONFIRM_GATE: &str = "statefulsets.kubernetes.io/scaledown-confirm";
+
 /// Finalizers the API server puts on an object deleted with foreground or orphan propagation.
 pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
 pub const ORPHAN_FINALIZER: &str = "orphan";

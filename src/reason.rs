@@ -1,0 +1,145 @@
+//! Every outcome the controller reports. One `Reason` drives the Event reason, its type (Normal or
+//! Warning), the `reason` label of `scaledown_events_total` and the `reason` field of log lines, so
+//! the three can never disagree and nothing matches on reason strings.
+
+/// One reportable outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    // --- Normal ---
+    /// A cleanup pod was created, confirmed and released to run.
+    SuccessfulCreate,
+    /// A cleanup pod succeeded; its claims and the pod are deleted next.
+    CleanupSuccess,
+    /// A claim or a cleanup pod was deleted (or a stateful pod on background deletion).
+    SuccessfulDelete,
+    /// A failed cleanup pod was deleted for the next attempt.
+    CleanupRetry,
+    /// A cleanup pod was created but the confirmation read showed its ordinal wanted (or the set
+    /// changed); the pod, which never ran, was deleted again.
+    CleanupCancelled,
+    /// The set was deleted with orphan propagation.
+    OrphanDeletion,
+    /// `--dry-run`: what would have been written.
+    DryRun,
+    // --- Warning ---
+    /// The ordinal was scaled up while its cleanup ran; the claims are kept.
+    ScaledUpDuringCleanup,
+    CleanupFailed,
+    CleanupGaveUp,
+    CleanupTemplateInvalid,
+    /// The template or the pod rendered from it is over a size or parser budget.
+    CleanupTemplateTooLarge,
+    CleanupTemplateRestartPolicy,
+    CleanupTemplateSelectorOverlap,
+    CleanupTemplateVolumeClash,
+    CleanupTemplateForbiddenField,
+    /// The API server refused the cleanup pod (admission, quota, validation, size, server error).
+    CleanupPodRejected,
+    /// A cleanup pod has been Pending (unscheduled) past `--cleanup-pending-timeout`.
+    CleanupPodStuck,
+    ClaimMissing,
+    /// A claim of a finished cleanup is mounted by another pod; it is not deleted while so.
+    ClaimInUse,
+    ClaimOwnershipConflict,
+    ForeignPod,
+    /// A pod looks like a cleanup pod (label, annotations) but this controller's record on the
+    /// StatefulSet does not name its UID: it is never treated as a cleanup.
+    UnprovenCleanupPod,
+    RetentionPolicyConflict,
+}
+
+impl Reason {
+    /// Every reason, for metric pre-registration and documentation checks.
+    pub const ALL: [Reason; 24] = [
+        Reason::SuccessfulCreate,
+        Reason::CleanupSuccess,
+        Reason::SuccessfulDelete,
+        Reason::CleanupRetry,
+        Reason::CleanupCancelled,
+        Reason::OrphanDeletion,
+        Reason::DryRun,
+        Reason::ScaledUpDuringCleanup,
+        Reason::CleanupFailed,
+        Reason::CleanupGaveUp,
+        Reason::CleanupTemplateInvalid,
+        Reason::CleanupTemplateTooLarge,
+        Reason::CleanupTemplateRestartPolicy,
+        Reason::CleanupTemplateSelectorOverlap,
+        Reason::CleanupTemplateVolumeClash,
+        Reason::CleanupTemplateForbiddenField,
+        Reason::CleanupPodRejected,
+        Reason::CleanupPodStuck,
+        Reason::ClaimMissing,
+        Reason::ClaimInUse,
+        Reason::ClaimOwnershipConflict,
+        Reason::ForeignPod,
+        Reason::UnprovenCleanupPod,
+        Reason::RetentionPolicyConflict,
+    ];
+
+    /// The Event reason (and metric label, and log field).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Reason::SuccessfulCreate => "SuccessfulCreate",
+            Reason::CleanupSuccess => "CleanupSuccess",
+            Reason::SuccessfulDelete => "SuccessfulDelete",
+            Reason::CleanupRetry => "CleanupRetry",
+            Reason::CleanupCancelled => "CleanupCancelled",
+            Reason::OrphanDeletion => "OrphanDeletion",
+            Reason::DryRun => "DryRun",
+            Reason::ScaledUpDuringCleanup => "ScaledUpDuringCleanup",
+            Reason::CleanupFailed => "CleanupFailed",
+            Reason::CleanupGaveUp => "CleanupGaveUp",
+            Reason::CleanupTemplateInvalid => "CleanupTemplateInvalid",
+            Reason::CleanupTemplateTooLarge => "CleanupTemplateTooLarge",
+            Reason::CleanupTemplateRestartPolicy => "CleanupTemplateRestartPolicy",
+            Reason::CleanupTemplateSelectorOverlap => "CleanupTemplateSelectorOverlap",
+            Reason::CleanupTemplateVolumeClash => "CleanupTemplateVolumeClash",
+            Reason::CleanupTemplateForbiddenField => "CleanupTemplateForbiddenField",
+            Reason::CleanupPodRejected => "CleanupPodRejected",
+            Reason::CleanupPodStuck => "CleanupPodStuck",
+            Reason::ClaimMissing => "ClaimMissing",
+            Reason::ClaimInUse => "ClaimInUse",
+            Reason::ClaimOwnershipConflict => "ClaimOwnershipConflict",
+            Reason::ForeignPod => "ForeignPod",
+            Reason::UnprovenCleanupPod => "UnprovenCleanupPod",
+            Reason::RetentionPolicyConflict => "RetentionPolicyConflict",
+        }
+    }
+
+    /// Whether the Event is a Warning (something a human should look at).
+    pub const fn is_warning(self) -> bool {
+        !matches!(
+            self,
+            Reason::SuccessfulCreate
+                | Reason::CleanupSuccess
+                | Reason::SuccessfulDelete
+                | Reason::CleanupRetry
+                | Reason::CleanupCancelled
+                | Reason::OrphanDeletion
+                | Reason::DryRun
+        )
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_lists_every_reason_once_with_distinct_names() {
+        let names: std::collections::BTreeSet<&str> =
+            Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names.len(), Reason::ALL.len());
+        assert!(
+            Reason::ALL.windows(2).all(|w| w[0] < w[1]),
+            "ALL is in declaration order"
+        );
+    }
+}
