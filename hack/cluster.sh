@@ -5,6 +5,7 @@
 #   hack/cluster.sh up       start it (returns at once if it already runs)
 #   hack/cluster.sh down     stop every process it started and remove its state
 #   hack/cluster.sh status   print whether it is up (exit 0 if up, 1 if not)
+#   hack/cluster.sh restart-apiserver [S]   stop kube-apiserver, wait S seconds, start it, wait ready
 #
 # State lives in target/cluster/ (PKI, kubeconfigs, etcd data, pids/, logs/). The admin kubeconfig is
 # target/cluster/kubeconfig and kubectl is target/cluster/bin/kubectl.
@@ -360,6 +361,30 @@ default_sa_exists() {
 
 # --- commands --------------------------------------------------------------------------------------
 
+# Starts kube-apiserver from the binaries in $1 and waits for /readyz (also used by restart-apiserver).
+start_apiserver() {
+  local bins=$1
+  start_component kube-apiserver "$bins/kube-apiserver" \
+    --etcd-servers="http://127.0.0.1:$etcd_port" \
+    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
+    --cert-dir="$state/apiserver" \
+    --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
+    --client-ca-file="$pki/ca.crt" \
+    --requestheader-client-ca-file="$pki/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$pki/front-proxy-client.crt" --proxy-client-key-file="$pki/front-proxy-client.key" \
+    --authorization-mode=RBAC \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
+    --service-cluster-ip-range=10.96.0.0/16 \
+    --endpoint-reconciler-type=none \
+    --allow-privileged=true \
+    --profiling=false \
+    --v=1
+  wait_until 120 kube-apiserver "kube-apiserver /readyz" apiserver_ready
+}
+
 cmd_up() {
   local t0=$SECONDS
   mkdir -p "$root/target"
@@ -424,25 +449,7 @@ cmd_up() {
     --unsafe-no-fsync --log-level=warn
   wait_until 30 etcd "etcd /health" etcd_healthy
 
-  start_component kube-apiserver "$bins/kube-apiserver" \
-    --etcd-servers="http://127.0.0.1:$etcd_port" \
-    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
-    --cert-dir="$state/apiserver" \
-    --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
-    --client-ca-file="$pki/ca.crt" \
-    --requestheader-client-ca-file="$pki/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client \
-    --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
-    --requestheader-extra-headers-prefix=X-Remote-Extra- \
-    --proxy-client-cert-file="$pki/front-proxy-client.crt" --proxy-client-key-file="$pki/front-proxy-client.key" \
-    --authorization-mode=RBAC \
-    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-    --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
-    --service-cluster-ip-range=10.96.0.0/16 \
-    --endpoint-reconciler-type=none \
-    --allow-privileged=true \
-    --profiling=false \
-    --v=1
-  wait_until 120 kube-apiserver "kube-apiserver /readyz" apiserver_ready
+  start_apiserver "$bins"
 
   # --pvclaimbinder-sync-period=3s (default 15s): a claim that the PV controller handles before its
   # informer has seen a just-created static PV stays Pending until the next periodic sync; a short
@@ -519,6 +526,18 @@ cmd_down() {
   echo "[timing] cluster-down: $((SECONDS - t0)) s"
 }
 
+# Stops kube-apiserver (SIGTERM), keeps it down for $1 seconds (default 0), starts it again and
+# waits for /readyz. Prints "[timing] restart-apiserver ready-at <unix ms>" when it is ready again.
+cmd_restart_apiserver() {
+  local down=${1:-0} bins
+  is_up || fail "" "no cluster is up"
+  bins=$(sed -n 's/^binaries=//p' "$state/endpoints")
+  stop_component kube-apiserver
+  sleep "$down"
+  start_apiserver "$bins"
+  echo "[timing] restart-apiserver ready-at $(date +%s%3N)"
+}
+
 cmd_status() {
   if is_up; then
     echo "up: apiserver https://127.0.0.1:$api_port, KUBECONFIG=$state/kubeconfig"
@@ -540,8 +559,9 @@ case "${1:-}" in
 up) cmd_up ;;
 down) cmd_down ;;
 status) cmd_status ;;
+restart-apiserver) cmd_restart_apiserver "${2:-0}" ;;
 *)
-  echo "usage: $0 up|down|status" >&2
+  echo "usage: $0 up|down|status|restart-apiserver [down-seconds]" >&2
   exit 2
   ;;
 esac
