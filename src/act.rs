@@ -1,9 +1,14 @@
 //! ACT: the only code that writes to the API server. It carries out a `Plan` step by step and is
 //! idempotent: a create that meets 409 AlreadyExists and a delete that meets 404 NotFound are done;
 //! deletes carry the UID they were decided on, so a newer object with the same name is never hit.
+//!
+//! A cleanup pod is created with our scheduling gate, so it holds the name `<set>-<ordinal>` but
+//! cannot run. `settle` then carries out the verdict of a read made after the create: record the
+//! pod's UID on the set (a compare-and-swap on the set's generation) and remove the gate, or delete
+//! the pod again.
 
-use std::collections::HashSet;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod};
@@ -15,42 +20,68 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use crate::decide::{Event, Plan, PodDeletion, Step};
-use crate::error::{Error, Result, status_code};
+use crate::decide::{Event, Plan, PodDeletion, Step, Verdict};
+use crate::error::{Error, Result, code, is_status, status_code};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::naming;
-use crate::observe::SetFacts;
+use crate::observe::{Record, SetFacts, format_records};
+use crate::reason::Reason;
 
 /// Field manager of every write we make.
 pub const FIELD_MANAGER: &str = "statefulset-scaledown-controller";
 
-/// Reasons of the Events `act` itself publishes, after a write went through.
-pub mod reason {
-    pub const SUCCESSFUL_CREATE: &str = "SuccessfulCreate";
-    pub const SUCCESSFUL_DELETE: &str = "SuccessfulDelete";
-    pub const CLEANUP_RETRY: &str = "CleanupRetry";
-    pub const CLEANUP_POD_REJECTED: &str = "CleanupPodRejected";
-    pub const DRY_RUN: &str = "DryRun";
-}
-
 /// How many published event keys we remember before starting over.
 const EVENT_MEMORY: usize = 10_000;
+/// Longest Event note and action (the API's limits are 1 kB and 128 characters).
+const MAX_NOTE: usize = 1000;
+const MAX_ACTION: usize = 128;
 
 pub struct Actor {
     client: Client,
     recorder: Recorder,
     dry_run: bool,
-    metrics: std::sync::Arc<Metrics>,
-    leadership: std::sync::Arc<Leadership>,
+    metrics: Arc<Metrics>,
+    leadership: Arc<Leadership>,
     /// (set UID, reason, key) of events already published by this process.
-    published: Mutex<HashSet<(String, &'static str, String)>>,
+    published: Mutex<HashSet<(String, Reason, String)>>,
 }
 
-enum Outcome {
-    Done,
-    /// The object was already in the wanted state (409 on create, 404 or UID mismatch on delete).
-    AlreadyDone,
+/// A cleanup pod created (gated) in this pass, waiting for its verdict.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Created {
+    pub ordinal: u32,
+    pub name: String,
+    pub uid: String,
+    pub attempt: u32,
+    pub claims: BTreeMap<String, String>,
+}
+
+/// The API server refused to create the cleanup pod of `ordinal`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub ordinal: u32,
+    pub code: u16,
+    pub message: String,
+}
+
+/// What carrying out a plan did, beyond the writes themselves.
+#[derive(Debug, Default)]
+pub struct Done {
+    pub created: Vec<Created>,
+    pub refused: Vec<Refusal>,
+}
+
+enum Deleted {
+    Now,
+    /// Already gone, or the name belongs to a newer object (404, or 409 on the UID precondition).
+    Before,
+}
+
+enum Creation {
+    Created(String),
+    Exists,
+    Refused { code: u16, message: String },
 }
 
 impl Actor {
@@ -58,8 +89,8 @@ impl Actor {
         client: Client,
         reporter: Reporter,
         dry_run: bool,
-        metrics: std::sync::Arc<Metrics>,
-        leadership: std::sync::Arc<Leadership>,
+        metrics: Arc<Metrics>,
+        leadership: Arc<Leadership>,
     ) -> Self {
         Actor {
             leadership,
@@ -72,52 +103,36 @@ impl Actor {
     }
 
     /// Carries out `plan` for `set`, stopping at the first failed write.
-    pub async fn execute(&self, set: &SetFacts, plan: &Plan) -> Result<()> {
+    pub async fn execute(&self, set: &SetFacts, plan: &Plan) -> Result<Done> {
+        let mut done = Done::default();
         for step in &plan.steps {
             // Checked right before every write: a leader past its renew deadline stops mid-plan.
             if !self.leadership.may_write() {
                 return Err(Error::NotLeader);
             }
             if let Step::Event(event) = step {
-                let new = self
-                    .publish(
-                        set,
-                        event.warning,
-                        event.reason,
-                        &event.key,
-                        event.note.clone(),
-                        None,
-                    )
-                    .await;
-                match event.reason {
-                    crate::decide::reason::CLEANUP_FAILED if new => self.metrics.cleanup_failed(),
-                    crate::decide::reason::CLEANUP_GAVE_UP if new => {
-                        self.metrics.cleanup_given_up()
-                    }
-                    _ => {}
-                }
-                continue;
+                self.publish(set, event, None).await;
+            } else if self.dry_run {
+                self.dry_run_step(set, step).await;
+            } else {
+                self.write(set, step, &mut done).await?;
             }
-            if self.dry_run {
-                let what = describe(step);
-                info!(set = %set.name, namespace = %set.namespace, "dry-run: would {what}");
-                self.publish(
-                    set,
-                    false,
-                    reason::DRY_RUN,
-                    &what,
-                    format!("dry-run: would {what}"),
-                    None,
-                )
-                .await;
-                continue;
-            }
-            self.write(set, step).await?;
         }
-        Ok(())
+        Ok(done)
     }
 
-    async fn write(&self, set: &SetFacts, step: &Step) -> Result<()> {
+    async fn dry_run_step(&self, set: &SetFacts, step: &Step) {
+        let what = describe(step);
+        info!(set = %set.name, namespace = %set.namespace, reason = %Reason::DryRun, "dry-run: would {what}");
+        let event = Event {
+            reason: Reason::DryRun,
+            note: format!("dry-run: would {what}"),
+            key: what,
+        };
+        self.publish(set, &event, None).await;
+    }
+
+    async fn write(&self, set: &SetFacts, step: &Step, done: &mut Done) -> Result<()> {
         let ns = set.namespace.as_str();
         match step {
             Step::SetFinalizers {
@@ -125,136 +140,177 @@ impl Actor {
                 resource_version,
                 adding,
             } => {
-                let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), ns);
-                // The resourceVersion makes this a compare-and-swap: a concurrent change is a 409.
-                let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}});
-                api.patch(&set.name, &PatchParams::default(), &Patch::Merge(&patch))
+                self.set_finalizers(set, finalizers, resource_version, *adding)
                     .await
-                    .map_err(Error::kube("patch finalizers of statefulset", &set.name))?;
-                info!(set = %set.name, namespace = ns, "{} finalizer {}", if *adding { "added" } else { "removed" }, naming::FINALIZER);
             }
             Step::DeleteStatefulPod { name, uid } => {
                 let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-                if let Outcome::Done = delete(&pods, name, uid, "pod").await? {
+                if let Deleted::Now = delete(&pods, name, uid, "delete pod").await? {
                     let note = format!(
                         "deleted pod {name} of the deleted StatefulSet so its claims can be cleaned"
                     );
-                    self.publish(
+                    self.report(
                         set,
-                        false,
-                        reason::SUCCESSFUL_DELETE,
+                        Reason::SuccessfulDelete,
                         uid,
                         note,
-                        Some(pod_ref(ns, name, uid)),
+                        pod_ref(ns, name, uid),
                     )
                     .await;
                 }
+                Ok(())
             }
             Step::CreateCleanupPod {
                 ordinal,
                 attempt,
                 pod,
+                claims,
             } => {
                 let name = naming::pod_name(&set.name, *ordinal);
                 match self.create_pod(ns, &name, pod).await? {
-                    Some(uid) => {
-                        self.metrics.cleanup_started();
-                        info!(set = %set.name, namespace = ns, pod = %name, attempt, "created cleanup pod");
-                        let note = format!(
-                            "create cleanup pod {name} (attempt {attempt}) for ordinal {ordinal}"
-                        );
-                        self.publish(
-                            set,
-                            false,
-                            reason::SUCCESSFUL_CREATE,
-                            &uid,
-                            note,
-                            Some(pod_ref(ns, &name, &uid)),
-                        )
-                        .await;
-                    }
-                    None => debug!(pod = %name, namespace = ns, "cleanup pod already exists"),
-                }
-            }
-            Step::DeleteClaim { name, uid } => {
-                let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
-                if let Outcome::Done = delete(&claims, name, uid, "claim").await? {
-                    self.metrics.claim_deleted();
-                    info!(set = %set.name, namespace = ns, claim = %name, "deleted claim");
-                    let note = format!("delete claim {name} in StatefulSet {}", set.name);
-                    let related = core_ref("PersistentVolumeClaim", ns, name, uid);
-                    self.publish(
-                        set,
-                        false,
-                        reason::SUCCESSFUL_DELETE,
+                    Creation::Created(uid) => done.created.push(Created {
+                        ordinal: *ordinal,
+                        name,
                         uid,
-                        note,
-                        Some(related),
-                    )
-                    .await;
+                        attempt: *attempt,
+                        claims: claims.clone(),
+                    }),
+                    Creation::Exists => {
+                        debug!(pod = %name, namespace = ns, "cleanup pod already exists")
+                    }
+                    Creation::Refused { code, message } => {
+                        self.report_refusal(set, *ordinal, code, &message).await;
+                        done.refused.push(Refusal {
+                            ordinal: *ordinal,
+                            code,
+                            message,
+                        });
+                    }
                 }
+                Ok(())
             }
+            Step::Release { name, uid } => self.release(ns, name, uid).await,
+            Step::DeleteClaim { name, uid } => self.delete_claim(set, name, uid).await,
             Step::DeleteCleanupPod {
                 name,
                 uid,
                 why,
                 ran_for,
             } => {
-                let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-                if let Outcome::Done = delete(&pods, name, uid, "pod").await? {
-                    let (reason, note) = match why {
-                        PodDeletion::Completed => {
-                            self.metrics.cleanup_succeeded();
-                            if let Some(took) = ran_for {
-                                self.metrics.cleanup_took(took.as_secs_f64());
-                            }
-                            (
-                                reason::SUCCESSFUL_DELETE,
-                                format!("delete cleanup pod {name} in StatefulSet {}", set.name),
-                            )
-                        }
-                        PodDeletion::Retry => (
-                            reason::CLEANUP_RETRY,
-                            format!("deleted failed cleanup pod {name} to start the next attempt"),
-                        ),
-                    };
-                    info!(set = %set.name, namespace = ns, pod = %name, ?why, "deleted cleanup pod");
-                    self.publish(set, false, reason, uid, note, Some(pod_ref(ns, name, uid)))
-                        .await;
-                }
+                self.delete_cleanup_pod(set, name, uid, *why, *ran_for)
+                    .await
             }
             Step::MarkNextAttempt {
                 claim,
                 uid,
                 attempt,
-            } => {
-                let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
-                let value = attempt.map(|a| a.to_string());
-                // metadata.uid in the body is checked by the API server: a different claim is a 409.
-                let patch = json!({"metadata": {"uid": uid, "annotations": {naming::NEXT_ATTEMPT_ANNOTATION: value}}});
-                match claims
-                    .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                {
-                    Ok(_) => debug!(claim = %claim, ?attempt, "marked next attempt"),
-                    Err(e) if matches!(status_code(&e), Some(404 | 409)) => {
-                        debug!(claim = %claim, "claim changed; mark skipped")
-                    }
-                    Err(e) => return Err(Error::kube("annotate claim", claim)(e)),
-                }
-            }
-            Step::Event(_) => {}
+            } => self.mark_next_attempt(ns, claim, uid, *attempt).await,
+            Step::Event(_) => Ok(()),
+        }
+    }
+
+    async fn set_finalizers(
+        &self,
+        set: &SetFacts,
+        finalizers: &[String],
+        resource_version: &str,
+        adding: bool,
+    ) -> Result<()> {
+        let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), &set.namespace);
+        // The resourceVersion makes this a compare-and-swap: a concurrent change is a 409.
+        let patch =
+            json!({"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}});
+        api.patch(&set.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(Error::kube("patch finalizers of statefulset", &set.name))?;
+        let verb = if adding { "added" } else { "removed" };
+        info!(set = %set.name, namespace = %set.namespace, "{verb} finalizer {}", naming::FINALIZER);
+        Ok(())
+    }
+
+    async fn delete_claim(&self, set: &SetFacts, name: &str, uid: &str) -> Result<()> {
+        let ns = set.namespace.as_str();
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
+        if let Deleted::Now = delete(&claims, name, uid, "delete claim").await? {
+            self.metrics.claim_deleted();
+            info!(set = %set.name, namespace = ns, claim = %name, "deleted claim");
+            let note = format!("delete claim {name} in StatefulSet {}", set.name);
+            let related = core_ref("PersistentVolumeClaim", ns, name, uid);
+            self.report(set, Reason::SuccessfulDelete, uid, note, related)
+                .await;
         }
         Ok(())
     }
 
-    /// Creates the cleanup pod from its JSON, unchanged. `None` when it already exists.
-    async fn create_pod(
+    async fn delete_cleanup_pod(
+        &self,
+        set: &SetFacts,
+        name: &str,
+        uid: &str,
+        why: PodDeletion,
+        ran_for: Option<std::time::Duration>,
+    ) -> Result<()> {
+        let ns = set.namespace.as_str();
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        if let Deleted::Before = delete(&pods, name, uid, "delete pod").await? {
+            return Ok(());
+        }
+        let (reason, note) = match why {
+            PodDeletion::Completed => {
+                self.metrics.cleanup_succeeded();
+                if let Some(took) = ran_for {
+                    self.metrics.cleanup_took(took.as_secs_f64());
+                }
+                let note = format!("delete cleanup pod {name} in StatefulSet {}", set.name);
+                (Reason::SuccessfulDelete, note)
+            }
+            PodDeletion::ScaledUp => (
+                Reason::SuccessfulDelete,
+                format!(
+                    "deleted cleanup pod {name}; its claims are kept for the scaled-up ordinal"
+                ),
+            ),
+            PodDeletion::Retry => (
+                Reason::CleanupRetry,
+                format!("deleted failed cleanup pod {name} to start the next attempt"),
+            ),
+            PodDeletion::NeverRan => (
+                Reason::SuccessfulDelete,
+                format!("deleted pod {name}, which never ran"),
+            ),
+        };
+        info!(set = %set.name, namespace = ns, pod = %name, ?why, "deleted cleanup pod");
+        self.report(set, reason, uid, note, pod_ref(ns, name, uid))
+            .await;
+        Ok(())
+    }
+
+    async fn mark_next_attempt(
         &self,
         ns: &str,
-        name: &str,
-        pod: &serde_json::Value,
-    ) -> Result<Option<String>> {
+        claim: &str,
+        uid: &str,
+        attempt: Option<u32>,
+    ) -> Result<()> {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
+        let value = attempt.map(|a| a.to_string());
+        // metadata.uid in the body is checked by the API server: a different claim is a 409.
+        let patch = json!({"metadata": {"uid": uid, "annotations": {naming::NEXT_ATTEMPT_ANNOTATION: value}}});
+        match claims
+            .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => debug!(claim = %claim, ?attempt, "marked next attempt"),
+            Err(e) if is_status(&e, &[code::NOT_FOUND, code::CONFLICT]) => {
+                debug!(claim = %claim, "claim changed; mark skipped")
+            }
+            Err(e) => return Err(Error::kube("annotate claim", claim)(e)),
+        }
+        Ok(())
+    }
+
+    /// Creates the cleanup pod from its JSON, unchanged.
+    async fn create_pod(&self, ns: &str, name: &str, pod: &serde_json::Value) -> Result<Creation> {
         let object: DynamicObject =
             serde_json::from_value(pod.clone()).map_err(|source| Error::Encode {
                 what: "cleanup pod",
@@ -267,77 +323,216 @@ impl Actor {
             ..Default::default()
         };
         match api.create(&params, &object).await {
-            Ok(created) => Ok(Some(created.metadata.uid.unwrap_or_default())),
-            Err(e) if status_code(&e) == Some(409) => Ok(None),
-            Err(kube::Error::Api(status)) if matches!(status.code, 400 | 422) => {
-                Err(Error::PodRejected {
-                    pod: name.into(),
-                    message: status.message.clone(),
-                })
-            }
+            Ok(created) => Ok(Creation::Created(created.metadata.uid.unwrap_or_default())),
+            Err(e) if is_status(&e, &[code::CONFLICT]) => Ok(Creation::Exists),
+            Err(kube::Error::Api(status)) if refused(status.code) => Ok(Creation::Refused {
+                code: status.code,
+                message: status.message.clone(),
+            }),
             Err(e) => Err(Error::kube("create cleanup pod", name)(e)),
         }
     }
 
-    /// Publishes the Warning for a pod the API server refused, once per distinct message.
-    pub async fn report_rejection(&self, set: &SetFacts, err: &Error) {
-        if let Error::PodRejected { .. } = err {
-            let note = format!("{err}; fix the cleanup pod template");
-            self.publish(
-                set,
-                true,
-                reason::CLEANUP_POD_REJECTED,
-                &note.clone(),
+    /// Carries out the verdicts on the pods created in this pass, given the read of the set they
+    /// were made on: the ones to run are recorded on the set in one compare-and-swap, then
+    /// released; the others are deleted. `Err(Contended)` if the set changed after the read.
+    pub async fn settle(
+        &self,
+        live: &SetFacts,
+        records: &BTreeMap<u32, Record>,
+        verdicts: &[(Created, Verdict)],
+    ) -> Result<()> {
+        if !self.leadership.may_write() {
+            return Err(Error::NotLeader);
+        }
+        let ns = live.namespace.as_str();
+        for (pod, verdict) in verdicts {
+            if let Verdict::Cancel(why) = verdict {
+                let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+                delete(&pods, &pod.name, &pod.uid, "delete pod").await?;
+                let note = format!("cleanup pod {} never ran and is deleted: {why}", pod.name);
+                self.report(
+                    live,
+                    Reason::CleanupCancelled,
+                    &pod.uid,
+                    note,
+                    pod_ref(ns, &pod.name, &pod.uid),
+                )
+                .await;
+            }
+        }
+        let runs: Vec<&Created> = verdicts
+            .iter()
+            .filter(|(_, v)| *v == Verdict::Run)
+            .map(|(c, _)| c)
+            .collect();
+        if runs.is_empty() {
+            return Ok(());
+        }
+        self.record(live, records).await?;
+        for pod in runs {
+            self.release(ns, &pod.name, &pod.uid).await?;
+            self.metrics.cleanup_started();
+            info!(set = %live.name, namespace = ns, pod = %pod.name, attempt = pod.attempt, "created cleanup pod");
+            let note = format!(
+                "create cleanup pod {} (attempt {}) for ordinal {}",
+                pod.name, pod.attempt, pod.ordinal
+            );
+            self.report(
+                live,
+                Reason::SuccessfulCreate,
+                &pod.uid,
                 note,
-                None,
+                pod_ref(ns, &pod.name, &pod.uid),
             )
             .await;
         }
+        Ok(())
     }
 
-    /// Publishes an Event on the set unless this process already published it (same reason, key).
-    /// Returns whether it was new.
-    async fn publish(
+    /// Writes `records` on the set, only if its spec (generation), identity and our previous
+    /// record are still those of the read `live`.
+    async fn record(&self, live: &SetFacts, records: &BTreeMap<u32, Record>) -> Result<()> {
+        let path = format!(
+            "/metadata/annotations/{}",
+            naming::RECORD_ANNOTATION
+                .replace('~', "~0")
+                .replace('/', "~1")
+        );
+        let mut ops = vec![
+            json!({"op": "test", "path": "/metadata/uid", "value": live.uid}),
+            json!({"op": "test", "path": "/metadata/generation", "value": live.generation}),
+        ];
+        if let Some(old) = &live.record_raw {
+            ops.push(json!({"op": "test", "path": path, "value": old}));
+        }
+        ops.push(json!({"op": "add", "path": path, "value": format_records(records)}));
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
+            .map_err(|source| Error::Encode {
+                what: "record patch",
+                source,
+            })?;
+        let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), &live.namespace);
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        match api
+            .patch(&live.name, &params, &Patch::<()>::Json(patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            // A failed test op (the set changed since the read) or a conflict: read again.
+            Err(e) if is_status(&e, &[code::CONFLICT, code::INVALID, code::NOT_FOUND]) => {
+                debug!(set = %live.name, error = %e, "record lost a race");
+                Err(Error::Contended(live.name.clone()))
+            }
+            Err(e) => Err(Error::kube("record cleanup pod on statefulset", &live.name)(e)),
+        }
+    }
+
+    /// Removes our scheduling gate from a recorded cleanup pod (UID-guarded), so it may run.
+    async fn release(&self, ns: &str, name: &str, uid: &str) -> Result<()> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let patch = json!({
+            "metadata": {"uid": uid},
+            "spec": {"schedulingGates": [{"$patch": "delete", "name": naming::CONFIRM_GATE}]}
+        });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        match pods.patch(name, &params, &Patch::Strategic(&patch)).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_status(&e, &[code::NOT_FOUND, code::CONFLICT]) => {
+                debug!(pod = %name, "cleanup pod gone or replaced before its release");
+                Ok(())
+            }
+            Err(e) => Err(Error::kube("release cleanup pod", name)(e)),
+        }
+    }
+
+    async fn report_refusal(&self, set: &SetFacts, ordinal: u32, code: u16, message: &str) {
+        let pod = naming::pod_name(&set.name, ordinal);
+        let hint = match code {
+            code::FORBIDDEN => {
+                "admission (Pod Security, a webhook), a ResourceQuota or RBAC refused it"
+            }
+            code::TOO_LARGE | code::INTERNAL => "the pod may be too large to store",
+            _ => "the template may be invalid for this cluster",
+        };
+        let event = Event {
+            reason: Reason::CleanupPodRejected,
+            note: format!("the API server refused cleanup pod {pod} ({code}): {message}; {hint}"),
+            key: format!("{ordinal} {code} {message}"),
+        };
+        self.publish(set, &event, None).await;
+    }
+
+    /// Publishes an Event about a write that went through, related to the object written.
+    async fn report(
         &self,
         set: &SetFacts,
-        warning: bool,
-        reason: &'static str,
+        reason: Reason,
         key: &str,
         note: String,
-        related: Option<ObjectReference>,
-    ) -> bool {
+        related: ObjectReference,
+    ) {
+        let event = Event {
+            reason,
+            note,
+            key: key.to_string(),
+        };
+        self.publish(set, &event, Some(related)).await;
+    }
+
+    /// Publishes an Event on the set unless this process already published it (same reason and
+    /// key); counts it and logs it. The key is also the Event's action, so distinct occurrences
+    /// (ordinals, messages) stay distinct Event series instead of folding into the first one.
+    async fn publish(&self, set: &SetFacts, event: &Event, related: Option<ObjectReference>) {
         {
             let mut published = self.published.lock().unwrap_or_else(|p| p.into_inner());
             if published.len() >= EVENT_MEMORY {
                 published.clear();
             }
-            if !published.insert((set.uid.clone(), reason, key.to_string())) {
-                return false;
+            if !published.insert((set.uid.clone(), event.reason, event.key.clone())) {
+                return;
             }
         }
-        if warning {
-            warn!(set = %set.name, namespace = %set.namespace, reason, "{note}");
+        self.metrics.event(event.reason);
+        if event.reason.is_warning() {
+            warn!(set = %set.name, namespace = %set.namespace, reason = %event.reason, "{}", event.note);
+        } else {
+            debug!(set = %set.name, namespace = %set.namespace, reason = %event.reason, "{}", event.note);
         }
-        let event = KubeEvent {
-            type_: if warning {
+        let kube_event = KubeEvent {
+            type_: if event.reason.is_warning() {
                 EventType::Warning
             } else {
                 EventType::Normal
             },
-            reason: reason.into(),
-            note: Some(truncate(note, 1000)),
-            action: reason.into(),
+            reason: event.reason.as_str().into(),
+            note: Some(truncate(event.note.clone(), MAX_NOTE)),
+            action: truncate(event.key.clone(), MAX_ACTION),
             secondary: related,
         };
-        if let Err(e) = self.recorder.publish(&event, &set_ref(set)).await {
-            warn!(set = %set.name, namespace = %set.namespace, reason, error = %e, "could not publish event");
+        if let Err(e) = self.recorder.publish(&kube_event, &set_ref(set)).await {
+            warn!(set = %set.name, namespace = %set.namespace, reason = %event.reason, error = %e, "could not publish event");
         }
-        true
     }
 }
 
+/// Status codes of a create that mean "this pod, as it is, is refused": retrying it at once would
+/// be refused again. 5xx other than 500 (unavailable, timeouts) are transient errors instead.
+fn refused(status: u16) -> bool {
+    matches!(
+        status,
+        400 | code::FORBIDDEN | code::TOO_LARGE | code::INVALID | code::INTERNAL
+    )
+}
+
 /// Deletes `name` if it still has `uid`.
-async fn delete<K>(api: &Api<K>, name: &str, uid: &str, what: &'static str) -> Result<Outcome>
+async fn delete<K>(api: &Api<K>, name: &str, uid: &str, action: &'static str) -> Result<Deleted>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -349,20 +544,13 @@ where
         ..Default::default()
     };
     match api.delete(name, &params).await {
-        Ok(_) => Ok(Outcome::Done),
+        Ok(_) => Ok(Deleted::Now),
         // 404: already gone. 409: the name now belongs to a newer object, which is not ours to delete.
-        Err(e) if matches!(status_code(&e), Some(404 | 409)) => {
-            debug!(name, what, "already deleted or replaced");
-            Ok(Outcome::AlreadyDone)
+        Err(e) if is_status(&e, &[code::NOT_FOUND, code::CONFLICT]) => {
+            debug!(name, code = ?status_code(&e), "already deleted or replaced");
+            Ok(Deleted::Before)
         }
-        Err(e) => Err(Error::kube(
-            if what == "pod" {
-                "delete pod"
-            } else {
-                "delete claim"
-            },
-            name,
-        )(e)),
+        Err(e) => Err(Error::kube(action, name)(e)),
     }
 }
 
@@ -414,9 +602,8 @@ pub fn describe(step: &Step) -> String {
         Step::DeleteStatefulPod { name, .. } => format!("delete pod {name}"),
         Step::CreateCleanupPod {
             ordinal, attempt, ..
-        } => {
-            format!("create cleanup pod for ordinal {ordinal} (attempt {attempt})")
-        }
+        } => format!("create cleanup pod for ordinal {ordinal} (attempt {attempt})"),
+        Step::Release { name, .. } => format!("release cleanup pod {name}"),
         Step::DeleteClaim { name, .. } => format!("delete claim {name}"),
         Step::DeleteCleanupPod { name, .. } => format!("delete cleanup pod {name}"),
         Step::MarkNextAttempt { claim, attempt, .. } => {

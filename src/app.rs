@@ -126,8 +126,7 @@ pub async fn run(
     let (pods, pods_writer) = reflector::store();
     let pod_events = reflector(
         pods_writer,
-        watcher(api::<PartialObjectMeta<Pod>>(&client, ns), config.clone())
-            .modify(|p| watch::prune_meta(p, &[naming::OWNER_ANNOTATION])),
+        watcher(api::<Pod>(&client, ns), config.clone()).modify(watch::prune_pod),
     )
     .default_backoff()
     .touched_objects();
@@ -258,7 +257,7 @@ pub async fn run(
                 }
             });
             let joined = |r: std::result::Result<Result<()>, tokio::task::JoinError>| {
-                r.unwrap_or_else(|e| Err(Error::Config(format!("election task: {e}"))))
+                r.unwrap_or_else(|e| Err(Error::Task(format!("election task: {e}"))))
             };
             tokio::select! {
                 _ = &mut controller => joined(election.await),

@@ -59,6 +59,10 @@ pub struct Args {
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     pub cleanup_backoff_max: Duration,
 
+    /// A cleanup pod still Pending after this long gets a Warning `CleanupPodStuck`.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub cleanup_pending_timeout: Duration,
+
     /// Every StatefulSet is looked at again after this long even without a change.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub resync_period: Duration,
@@ -177,6 +181,7 @@ impl Args {
             backoff_max: self.cleanup_backoff_max.max(self.cleanup_backoff),
             max_in_flight: (self.max_concurrent_cleanups > 0)
                 .then_some(self.max_concurrent_cleanups),
+            pending_timeout: self.cleanup_pending_timeout,
         }
     }
 }

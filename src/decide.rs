@@ -8,20 +8,32 @@
 //! 2. An ordinal is orphaned when it lies outside `[start, start + replicas)`; when the set is being
 //!    deleted, every ordinal is, except with orphan propagation or `whenDeleted: Delete`.
 //!    With `whenScaled: Delete` Kubernetes deletes scale-down claims itself: we only warn.
-//! 3. A cleanup pod is created for an orphaned ordinal with live claims once no pod of that name
-//!    exists; OrderedReady sets one at a time, highest ordinal first; Parallel sets all at once;
-//!    never more than `max_in_flight` across everything we watch.
-//! 4. A Succeeded cleanup pod: delete the claims it was created for (by UID), then the pod.
-//!    A Failed one: retry after a capped exponential backoff, then give up and keep it.
+//! 3. A cleanup pod is created (gated) for an orphaned ordinal with live claims once no pod of that
+//!    name exists; OrderedReady sets one at a time, highest ordinal first; Parallel sets all at
+//!    once; never more than `max_in_flight` across everything we watch; a refused creation backs
+//!    off and gives up like a failed pod. `confirm_created` then decides, on a read made after the
+//!    pod holds the name, whether it may run.
+//! 4. Only a pod whose UID is in our record on the set is a cleanup pod. A Succeeded one: on a live
+//!    read that still shows the ordinal orphaned, delete the recorded claims (by UID, none in use
+//!    by another pod), then the pod; wanted again: keep the claims, delete the pod. A Failed one:
+//!    retry after a capped exponential backoff, then give up and keep it. An unproven look-alike
+//!    is never a cleanup: still gated (it never ran) it is deleted, else it is only reported.
 //! 5. A set deleted with background propagation: we delete its pods, highest ordinal first.
 //! 6. The finalizer goes when the set is deleted and no claim and no cleanup is left.
+//!
+//! Steps that delete data or release the set (rules 4 and 6), and judging look-alikes, are only
+//! planned from a live read of the set: decided from the cache, the plan asks for one instead.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::naming;
-use crate::observe::{ClaimFacts, CleanupFacts, Observed, OrdinalFacts, Phase, PodFacts, PodRole};
+use crate::observe::{
+    ClaimFacts, CleanupFacts, Observed, OrdinalFacts, Phase, PodFacts, PodRole, SetFacts, SetRead,
+};
+use crate::reason::Reason;
 use crate::template::{self, Target};
 
 /// Operator settings that shape decisions.
@@ -35,6 +47,8 @@ pub struct Policy {
     pub backoff_max: Duration,
     /// Cap of cleanup pods in flight across everything we watch (`--max-concurrent-cleanups`).
     pub max_in_flight: Option<usize>,
+    /// A cleanup pod Pending this long is reported as stuck (`--cleanup-pending-timeout`).
+    pub pending_timeout: Duration,
 }
 
 impl Default for Policy {
@@ -44,6 +58,7 @@ impl Default for Policy {
             backoff_base: Duration::from_secs(10),
             backoff_max: Duration::from_secs(300),
             max_in_flight: None,
+            pending_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -64,6 +79,18 @@ pub struct Plan {
     pub steps: Vec<Step>,
     /// Look again after this long even if nothing changes (a retry backoff is running).
     pub requeue_after: Option<Duration>,
+    /// Decided from the cache, and a step needs a live read: read, decide again, and carry out that
+    /// plan instead (this one then has no steps).
+    pub confirm: Option<Confirm>,
+}
+
+/// What the live read before acting must cover.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Confirm {
+    /// The StatefulSet itself (its spec and our record).
+    Set,
+    /// The set, and the claims and pods of its namespace (before the finalizer is released).
+    SetAndNamespace,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -79,10 +106,18 @@ pub enum Step {
         name: String,
         uid: String,
     },
+    /// Create the cleanup pod (gated); `confirm_created` decides afterwards whether it may run.
     CreateCleanupPod {
         ordinal: u32,
         attempt: u32,
         pod: Value,
+        /// The claims it mounts (name -> UID), for our record.
+        claims: BTreeMap<String, String>,
+    },
+    /// Remove the confirm gate of a recorded cleanup pod (the process stopped in between).
+    Release {
+        name: String,
+        uid: String,
     },
     DeleteClaim {
         name: String,
@@ -108,55 +143,86 @@ pub enum Step {
 pub enum PodDeletion {
     /// The cleanup succeeded and its claims are deleted.
     Completed,
+    /// The cleanup succeeded but the ordinal is wanted again: the claims are kept.
+    ScaledUp,
     /// The cleanup failed; a new attempt follows.
     Retry,
+    /// A gated pod that never ran: not confirmed (ordinal wanted again) or not ours.
+    NeverRan,
 }
 
-/// An Event on the StatefulSet. `key` identifies the occurrence, so that the same problem seen on
-/// every reconcile is published once.
+/// An Event on the StatefulSet. `key` identifies the occurrence: the same problem seen on every
+/// reconcile is published once, and distinct occurrences (ordinals, messages) are distinct series.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
-    pub warning: bool,
-    pub reason: &'static str,
+    pub reason: Reason,
     pub note: String,
     pub key: String,
 }
 
-/// Event reasons decided here; `act` adds `SuccessfulCreate` and `SuccessfulDelete`.
-pub mod reason {
-    pub const CLEANUP_SUCCESS: &str = "CleanupSuccess";
-    pub const CLEANUP_FAILED: &str = "CleanupFailed";
-    pub const CLEANUP_GAVE_UP: &str = "CleanupGaveUp";
-    pub const SCALED_UP_DURING_CLEANUP: &str = "ScaledUpDuringCleanup";
-    pub const CLAIM_MISSING: &str = "ClaimMissing";
-    pub const CLAIM_OWNERSHIP_CONFLICT: &str = "ClaimOwnershipConflict";
-    pub const FOREIGN_POD: &str = "ForeignPod";
-    pub const RETENTION_POLICY_CONFLICT: &str = "RetentionPolicyConflict";
-    pub const ORPHAN_DELETION: &str = "OrphanDeletion";
+/// The verdict on a cleanup pod just created, from a read of the set made after the create.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Still orphaned: record the pod and let it run.
+    Run,
+    /// Do not run it; delete it (it never ran). The reason says why.
+    Cancel(String),
+}
+
+/// Whether the cleanup pod just created for `ordinal` may run, given a read of the set made after
+/// the pod was created (so it already holds the name: the StatefulSet cannot recreate the ordinal).
+pub fn confirm_created(set: &SetFacts, ordinal: u32) -> Verdict {
+    if set.template.is_none() || set.claim_templates.is_empty() {
+        Verdict::Cancel("the StatefulSet no longer asks for cleanups".into())
+    } else if set.wants(ordinal) {
+        Verdict::Cancel(format!("ordinal {ordinal} is wanted again"))
+    } else if set.when_scaled_delete && !set.deleting {
+        Verdict::Cancel("the claim retention policy deletes the claims".into())
+    } else {
+        Verdict::Run
+    }
+}
+
+/// The record to write on the set after new cleanup pods were confirmed: the entries already on
+/// the set `live` whose ordinal still has claims or a pod in `observed` (the others are finished
+/// cleanups), plus the new ones, which replace older entries of their ordinal.
+pub fn next_records(
+    live: &SetFacts,
+    observed: &Observed,
+    runs: &[(u32, crate::observe::Record)],
+) -> BTreeMap<u32, crate::observe::Record> {
+    let active = |n: &u32| {
+        observed
+            .ordinals
+            .get(n)
+            .is_some_and(|f| !f.claims.is_empty() || f.pod.is_some())
+    };
+    let mut records: BTreeMap<u32, crate::observe::Record> = live
+        .records
+        .iter()
+        .filter(|(n, _)| active(n))
+        .map(|(n, r)| (*n, r.clone()))
+        .collect();
+    records.extend(runs.iter().cloned());
+    records
 }
 
 impl Plan {
-    /// Whether the plan holds a step that must be confirmed against a live read first.
-    pub fn needs_confirmation(&self) -> bool {
-        self.steps.iter().any(|s| {
-            matches!(
-                s,
-                Step::CreateCleanupPod { .. } | Step::SetFinalizers { adding: false, .. }
-            )
-        })
-    }
-
-    fn event(&mut self, warning: bool, reason: &'static str, key: String, note: String) {
+    fn event(&mut self, reason: Reason, key: impl Into<String>, note: String) {
         self.steps.push(Step::Event(Event {
-            warning,
             reason,
             note,
-            key,
+            key: key.into(),
         }));
     }
 
     fn requeue(&mut self, after: Duration) {
         self.requeue_after = Some(self.requeue_after.map_or(after, |d| d.min(after)));
+    }
+
+    /// Marks the plan as needing a live read of this depth before anything is carried out.
+    fn confirm(&mut self, depth: Confirm) {
+        self.confirm = Some(self.confirm.map_or(depth, |d| d.max(depth)));
     }
 }
 
@@ -180,11 +246,69 @@ impl Hold {
     }
 }
 
+/// What holds for the set as a whole, worked out once per decision.
+struct View<'a> {
+    o: &'a Observed,
+    policy: &'a Policy,
+    opted_in: bool,
+    template: Option<template::CleanupTemplate>,
+    background_deletion: bool,
+    hold: Option<Hold>,
+}
+
+/// What the walk over the ordinals found.
+#[derive(Default)]
+struct Scan<'a> {
+    /// Orphaned ordinals with live claims that are not someone else's, highest first.
+    pending: Vec<u32>,
+    set_has_cleanup_pod: bool,
+    /// A cleanup pod of this set that has not failed (running, pending or finishing).
+    in_flight: bool,
+    stateful_pods: Vec<&'a PodFacts>,
+    claims_left: bool,
+}
+
 pub fn decide(o: &Observed, policy: &Policy) -> Plan {
     let mut plan = Plan::default();
-    let set = &o.set;
-    let opted_in = set.template.is_some() && !set.claim_templates.is_empty();
+    add_finalizer(&o.set, &mut plan);
+    let view = View::new(o, policy, &mut plan);
+    let scan = scan_ordinals(&view, &mut plan);
+    hold_events(&view, &scan, &mut plan);
+    if let (None, Some(template)) = (view.hold, &view.template) {
+        create_cleanup_pods(
+            &view,
+            template,
+            &scan.pending,
+            scan.set_has_cleanup_pod,
+            &mut plan,
+        );
+    }
+    if view.background_deletion && view.opted_in {
+        delete_stateful_pods(&o.set, &scan.stateful_pods, &mut plan);
+    }
+    release_finalizer(&view, &scan, &mut plan);
+    match plan.confirm {
+        Some(depth) if !covers(o.read, depth) => Plan {
+            confirm: Some(depth),
+            ..Plan::default()
+        },
+        _ => Plan {
+            confirm: None,
+            ..plan
+        },
+    }
+}
 
+/// Whether a read of this kind is enough for steps that need `depth`.
+fn covers(read: SetRead, depth: Confirm) -> bool {
+    match depth {
+        Confirm::Set => matches!(read, SetRead::LiveSet | SetRead::LiveAll),
+        Confirm::SetAndNamespace => read == SetRead::LiveAll,
+    }
+}
+
+fn add_finalizer(set: &SetFacts, plan: &mut Plan) {
+    let opted_in = set.template.is_some() && !set.claim_templates.is_empty();
     if opted_in && !set.deleting && !set.has_finalizer() {
         let mut finalizers = set.finalizers.clone();
         finalizers.push(naming::FINALIZER.into());
@@ -194,70 +318,78 @@ pub fn decide(o: &Observed, policy: &Policy) -> Plan {
             adding: true,
         });
     }
+}
 
-    let template = match &set.template {
-        Some(raw) if opted_in => {
-            match template::parse(raw, &set.claim_templates, set.selector.as_ref()) {
-                Ok(t) => Some(t),
-                Err(e) => {
-                    plan.event(
-                        true,
-                        e.reason(),
-                        e.to_string(),
-                        format!("{e}; no cleanup pod is created until the annotation is fixed"),
-                    );
-                    None
-                }
-            }
+impl<'a> View<'a> {
+    fn new(o: &'a Observed, policy: &'a Policy, plan: &mut Plan) -> Self {
+        let set = &o.set;
+        let opted_in = set.template.is_some() && !set.claim_templates.is_empty();
+        let template = match &set.template {
+            Some(raw) if opted_in => parse_template(raw, set, plan),
+            _ => None,
+        };
+        let has = |f: &str| set.finalizers.iter().any(|x| x == f);
+        let foreign_pods = o
+            .ordinals
+            .values()
+            .any(|f| matches!(f.pod.as_ref().map(|p| &p.role), Some(PodRole::Foreign)));
+        let orphan_deletion = set.deleting
+            && (has(naming::ORPHAN_FINALIZER)
+                || (!has(naming::FOREGROUND_FINALIZER) && foreign_pods));
+        let background_deletion =
+            set.deleting && !orphan_deletion && !has(naming::FOREGROUND_FINALIZER);
+        let hold = if !opted_in {
+            Some(Hold::OptedOut)
+        } else if orphan_deletion {
+            Some(Hold::OrphanDeletion)
+        } else if set.deleting && set.when_deleted_delete || !set.deleting && set.when_scaled_delete
+        {
+            Some(Hold::RetainedByKubernetes)
+        } else if template.is_none() {
+            Some(Hold::Template)
+        } else {
+            None
+        };
+        View {
+            o,
+            policy,
+            opted_in,
+            template,
+            background_deletion,
+            hold,
         }
-        _ => None,
-    };
+    }
 
-    let orphan_deletion = set.deleting
-        && (set.finalizers.iter().any(|f| f == naming::ORPHAN_FINALIZER)
-            || (!set
-                .finalizers
-                .iter()
-                .any(|f| f == naming::FOREGROUND_FINALIZER)
-                && o.ordinals
-                    .values()
-                    .any(|f| matches!(f.pod.as_ref().map(|p| &p.role), Some(PodRole::Foreign)))));
-    let background_deletion = set.deleting
-        && !orphan_deletion
-        && !set
-            .finalizers
-            .iter()
-            .any(|f| f == naming::FOREGROUND_FINALIZER);
-    let hold = if !opted_in {
-        Some(Hold::OptedOut)
-    } else if set.deleting && orphan_deletion {
-        Some(Hold::OrphanDeletion)
-    } else if set.deleting && set.when_deleted_delete || !set.deleting && set.when_scaled_delete {
-        Some(Hold::RetainedByKubernetes)
-    } else if template.is_none() {
-        Some(Hold::Template)
-    } else {
-        None
-    };
-    let orphaned = |ordinal: u32| !set.wants(ordinal);
+    fn orphaned(&self, ordinal: u32) -> bool {
+        !self.o.set.wants(ordinal)
+    }
+}
 
-    // Ordinals that need a cleanup (orphaned, live claims, not someone else's), highest first.
-    let mut pending: Vec<u32> = Vec::new();
-    let mut set_has_cleanup_pod = false;
-    let mut in_flight = false;
-    let mut stateful_pods: Vec<&PodFacts> = Vec::new();
-    let mut claims_left = false;
+fn parse_template(raw: &str, set: &SetFacts, plan: &mut Plan) -> Option<template::CleanupTemplate> {
+    match template::parse(raw, &set.claim_templates, set.selector.as_ref()) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            plan.event(
+                e.reason(),
+                e.to_string(),
+                format!("{e}; no cleanup pod is created until the annotation is fixed"),
+            );
+            None
+        }
+    }
+}
 
-    for (&ordinal, facts) in o.ordinals.iter().rev() {
+fn scan_ordinals<'a>(view: &View<'a>, plan: &mut Plan) -> Scan<'a> {
+    let mut scan = Scan::default();
+    for (&ordinal, facts) in view.o.ordinals.iter().rev() {
         let live: Vec<&ClaimFacts> = facts.claims.iter().filter(|c| c.live()).collect();
         let conflict = live
             .iter()
             .find_map(|c| Some((c, c.wanted_by_other.as_ref()?)));
         if let Some((claim, other)) = conflict {
-            if opted_in && orphaned(ordinal) {
+            if view.opted_in && view.orphaned(ordinal) {
                 plan.event(
-                    true,
-                    reason::CLAIM_OWNERSHIP_CONFLICT,
+                    Reason::ClaimOwnershipConflict,
                     claim.name.clone(),
                     format!(
                         "claim {} also belongs to StatefulSet {other}, which still uses it; ordinal {ordinal} is left alone",
@@ -265,147 +397,117 @@ pub fn decide(o: &Observed, policy: &Policy) -> Plan {
                     ),
                 );
             }
-        } else if orphaned(ordinal) && !live.is_empty() {
-            claims_left = true;
-            pending.push(ordinal);
+        } else if view.orphaned(ordinal) && !live.is_empty() {
+            scan.claims_left = true;
+            scan.pending.push(ordinal);
         }
-
         let Some(pod) = &facts.pod else { continue };
         match &pod.role {
             PodRole::Stateful => {
-                stateful_pods.push(pod);
-                clear_marks(&mut plan, facts, None);
+                scan.stateful_pods.push(pod);
+                clear_marks(plan, facts, None);
             }
-            PodRole::Foreign => {
-                if opted_in && !set.deleting && orphaned(ordinal) && !live.is_empty() {
-                    plan.event(
-                        true,
-                        reason::FOREIGN_POD,
-                        pod.uid.clone(),
-                        format!(
-                            "pod {} is neither a pod of this StatefulSet nor a cleanup pod; ordinal {ordinal} is not cleaned while it exists",
-                            pod.name
-                        ),
-                    );
-                }
-            }
+            PodRole::Foreign => foreign_pod(view, ordinal, pod, !live.is_empty(), plan),
+            PodRole::Unproven { gated } => unproven_pod(view, ordinal, pod, *gated, plan),
             PodRole::Cleanup(cleanup) => {
-                set_has_cleanup_pod = true;
-                in_flight |= cleanup.phase != Phase::Failed;
-                clear_marks(&mut plan, facts, Some(cleanup.attempt));
+                scan.set_has_cleanup_pod = true;
+                scan.in_flight |= cleanup.phase != Phase::Failed;
+                clear_marks(plan, facts, Some(cleanup.attempt));
                 if !pod.deleting {
-                    let no_retry = if !orphaned(ordinal) {
-                        Some("ordinal is wanted again")
-                    } else {
-                        hold.map(Hold::explain)
-                    };
                     let step = CleanupStep {
-                        o,
-                        policy,
+                        view,
                         ordinal,
                         facts,
                         pod,
                         cleanup,
-                        no_retry,
                     };
-                    step.plan(&mut plan);
+                    step.plan(plan);
                 }
             }
         }
     }
+    scan
+}
 
-    match hold {
-        Some(Hold::RetainedByKubernetes) if claims_left => {
+fn foreign_pod(view: &View<'_>, ordinal: u32, pod: &PodFacts, claims: bool, plan: &mut Plan) {
+    if view.opted_in && !view.o.set.deleting && view.orphaned(ordinal) && claims {
+        plan.event(
+            Reason::ForeignPod,
+            pod.uid.clone(),
+            format!(
+                "pod {} is neither a pod of this StatefulSet nor a cleanup pod; ordinal {ordinal} is not cleaned while it exists",
+                pod.name
+            ),
+        );
+    }
+}
+
+/// A look-alike: judged only on a live read (our record may be newer than the cache). Still gated,
+/// it never ran and only blocks the name: delete it. Otherwise report it and touch nothing.
+fn unproven_pod(view: &View<'_>, ordinal: u32, pod: &PodFacts, gated: bool, plan: &mut Plan) {
+    if !(view.opted_in || view.o.set.has_finalizer()) || pod.deleting {
+        return;
+    }
+    plan.confirm(Confirm::Set);
+    let what = format!(
+        "pod {} looks like a cleanup pod of ordinal {ordinal}, but this controller has no record of creating it",
+        pod.name
+    );
+    if gated {
+        plan.event(
+            Reason::UnprovenCleanupPod,
+            pod.uid.clone(),
+            format!("{what}; it never ran (it is still gated) and is deleted"),
+        );
+        plan.steps.push(Step::DeleteCleanupPod {
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            why: PodDeletion::NeverRan,
+            ran_for: None,
+        });
+    } else {
+        plan.event(
+            Reason::UnprovenCleanupPod,
+            pod.uid.clone(),
+            format!("{what}; it is ignored, never deletes a claim, and ordinal {ordinal} is not cleaned while it exists"),
+        );
+    }
+}
+
+fn hold_events(view: &View<'_>, scan: &Scan<'_>, plan: &mut Plan) {
+    let set = &view.o.set;
+    match view.hold {
+        Some(Hold::RetainedByKubernetes) if scan.claims_left => {
             let (field, what) = if set.deleting {
                 ("whenDeleted", "deletion")
             } else {
                 ("whenScaled", "scale-down")
             };
             plan.event(
-                true,
-                reason::RETENTION_POLICY_CONFLICT,
-                field.into(),
+                Reason::RetentionPolicyConflict,
+                field,
                 format!(
                     "persistentVolumeClaimRetentionPolicy.{field} is Delete, so Kubernetes deletes these claims itself; no cleanup pod runs on {what}"
                 ),
             );
         }
         Some(Hold::OrphanDeletion) => plan.event(
-            false,
-            reason::ORPHAN_DELETION,
-            String::new(),
+            Reason::OrphanDeletion,
+            "orphan",
             "the StatefulSet was deleted with orphan propagation: its pods and claims are kept and no cleanup runs".into(),
         ),
         _ => {}
     }
-
-    if let (None, Some(template)) = (hold, &template) {
-        create_cleanup_pods(
-            o,
-            policy,
-            template,
-            &pending,
-            set_has_cleanup_pod,
-            &mut plan,
-        );
-    }
-
-    if background_deletion && opted_in {
-        // Nobody deletes the pods of a set held by a finalizer: we do, the way a scale to zero would.
-        let mut alive = stateful_pods.iter().filter(|p| !p.deleting);
-        let one_at_a_time = !set.parallel;
-        if !(one_at_a_time && stateful_pods.iter().any(|p| p.deleting)) {
-            let chosen: Vec<_> = if one_at_a_time {
-                alive.next().into_iter().collect()
-            } else {
-                alive.collect()
-            };
-            for pod in chosen {
-                plan.steps.push(Step::DeleteStatefulPod {
-                    name: pod.name.clone(),
-                    uid: pod.uid.clone(),
-                });
-            }
-        }
-    }
-
-    if set.has_finalizer() {
-        let done = if !opted_in || !set.deleting {
-            // Opted out: release the set once nothing of ours runs; opted in and alive: keep it.
-            !opted_in && !in_flight
-        } else if matches!(
-            hold,
-            Some(Hold::OrphanDeletion | Hold::RetainedByKubernetes)
-        ) {
-            !in_flight
-        } else {
-            !in_flight && !claims_left
-        };
-        if done {
-            plan.steps.push(Step::SetFinalizers {
-                finalizers: set
-                    .finalizers
-                    .iter()
-                    .filter(|f| *f != naming::FINALIZER)
-                    .cloned()
-                    .collect(),
-                resource_version: set.resource_version.clone(),
-                adding: false,
-            });
-        }
-    }
-    plan
 }
 
 fn create_cleanup_pods(
-    o: &Observed,
-    policy: &Policy,
+    view: &View<'_>,
     template: &template::CleanupTemplate,
     pending: &[u32],
     set_has_cleanup_pod: bool,
     plan: &mut Plan,
 ) {
-    let set = &o.set;
+    let (o, set) = (view.o, &view.o.set);
     let ready = |ordinal: &&u32| o.ordinals.get(ordinal).is_some_and(|f| f.pod.is_none());
     let chosen: Vec<u32> = if set.parallel {
         pending.iter().filter(ready).copied().collect()
@@ -415,50 +517,167 @@ fn create_cleanup_pods(
         // Highest first, one at a time: only the highest pending ordinal, once its pod is gone.
         pending.first().filter(ready).copied().into_iter().collect()
     };
-    let room = policy
+    let room = view
+        .policy
         .max_in_flight
         .map_or(usize::MAX, |cap| cap.saturating_sub(o.cleanups_in_flight));
-    for ordinal in chosen.into_iter().take(room) {
-        let Some(facts) = o.ordinals.get(&ordinal) else {
-            continue;
-        };
-        let volumes: Vec<(&str, Option<(&str, &str)>)> = set
-            .claim_templates
-            .iter()
-            .map(|t| {
-                let claim = facts.claims.iter().find(|c| c.template == *t && c.live());
-                (t.as_str(), claim.map(|c| (c.name.as_str(), c.uid.as_str())))
-            })
-            .collect();
-        for (t, claim) in &volumes {
-            if claim.is_none() {
-                let name = naming::claim_name(t, &set.name, ordinal);
-                plan.event(
-                    true,
-                    reason::CLAIM_MISSING,
-                    name.clone(),
-                    format!("claim {name} of ordinal {ordinal} does not exist or is being deleted; the cleanup pod gets an empty directory as volume {t}"),
-                );
-            }
+    let allowed = chosen
+        .into_iter()
+        .filter(|n| !refused_too_recently(view, *n, plan))
+        .take(room);
+    for ordinal in allowed.collect::<Vec<_>>() {
+        if let Some(facts) = o.ordinals.get(&ordinal) {
+            create_one(view, template, ordinal, facts, plan);
         }
-        let attempt = facts
-            .claims
-            .iter()
-            .filter_map(|c| c.next_attempt)
-            .max()
-            .unwrap_or(1);
-        let pod = template.render(&Target {
-            namespace: &set.namespace,
-            set: &set.name,
-            ordinal,
-            replicas: set.replicas,
-            attempt,
-            volumes,
+    }
+}
+
+/// Whether an earlier refusal by the API server holds this ordinal back (backoff, or given up).
+fn refused_too_recently(view: &View<'_>, ordinal: u32, plan: &mut Plan) -> bool {
+    let (o, policy) = (view.o, view.policy);
+    let Some(refusal) = o.rejections.get(&ordinal) else {
+        return false;
+    };
+    let pod = naming::pod_name(&o.set.name, ordinal);
+    if refusal.count >= policy.max_attempts {
+        plan.event(
+            Reason::CleanupGaveUp,
+            format!("refused-{ordinal}"),
+            format!(
+                "the API server refused cleanup pod {pod} {} times (last: {} {}); giving up until the template annotation changes or the controller restarts",
+                refusal.count, refusal.code, refusal.message
+            ),
+        );
+        return true;
+    }
+    let retry_at = refusal
+        .last
+        .checked_add(policy.backoff(refusal.count))
+        .unwrap_or(refusal.last);
+    if retry_at > o.now {
+        plan.requeue(crate::observe::until(o.now, retry_at));
+        return true;
+    }
+    false
+}
+
+fn create_one(
+    view: &View<'_>,
+    template: &template::CleanupTemplate,
+    ordinal: u32,
+    facts: &OrdinalFacts,
+    plan: &mut Plan,
+) {
+    let set = &view.o.set;
+    let volumes: Vec<(&str, Option<(&str, &str)>)> = set
+        .claim_templates
+        .iter()
+        .map(|t| {
+            let claim = facts.claims.iter().find(|c| c.template == *t && c.live());
+            (t.as_str(), claim.map(|c| (c.name.as_str(), c.uid.as_str())))
+        })
+        .collect();
+    for (t, claim) in &volumes {
+        if claim.is_none() {
+            let name = naming::claim_name(t, &set.name, ordinal);
+            plan.event(
+                Reason::ClaimMissing,
+                name.clone(),
+                format!("claim {name} of ordinal {ordinal} does not exist or is being deleted; the cleanup pod gets an empty directory as volume {t}"),
+            );
+        }
+    }
+    let attempt = facts
+        .claims
+        .iter()
+        .filter_map(|c| c.next_attempt)
+        .max()
+        .unwrap_or(1);
+    let target = Target {
+        namespace: &set.namespace,
+        set: &set.name,
+        ordinal,
+        replicas: set.replicas,
+        attempt,
+        volumes,
+    };
+    match render(template, &target) {
+        Ok(pod) => {
+            let claims = target
+                .volumes
+                .iter()
+                .filter_map(|(_, c)| c.map(|(n, u)| (n.to_string(), u.to_string())))
+                .collect();
+            plan.steps.push(Step::CreateCleanupPod {
+                ordinal,
+                attempt,
+                pod,
+                claims,
+            });
+        }
+        Err(e) => plan.event(
+            e.reason(),
+            e.to_string(),
+            format!("{e}; no cleanup pod is created until the annotation is fixed"),
+        ),
+    }
+}
+
+fn render(
+    template: &template::CleanupTemplate,
+    target: &Target<'_>,
+) -> Result<Value, template::TemplateError> {
+    Ok(template.render(target))
+}
+
+/// Nobody deletes the pods of a set held by a finalizer: we do, the way a scale to zero would.
+fn delete_stateful_pods(set: &SetFacts, stateful_pods: &[&PodFacts], plan: &mut Plan) {
+    let one_at_a_time = !set.parallel;
+    if one_at_a_time && stateful_pods.iter().any(|p| p.deleting) {
+        return;
+    }
+    let mut alive = stateful_pods.iter().filter(|p| !p.deleting);
+    let chosen: Vec<_> = if one_at_a_time {
+        alive.next().into_iter().collect()
+    } else {
+        alive.collect()
+    };
+    for pod in chosen {
+        plan.steps.push(Step::DeleteStatefulPod {
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
         });
-        plan.steps.push(Step::CreateCleanupPod {
-            ordinal,
-            attempt,
-            pod,
+    }
+}
+
+fn release_finalizer(view: &View<'_>, scan: &Scan<'_>, plan: &mut Plan) {
+    let set = &view.o.set;
+    if !set.has_finalizer() {
+        return;
+    }
+    let done = if !view.opted_in || !set.deleting {
+        // Opted out: release the set once nothing of ours runs; opted in and alive: keep it.
+        !view.opted_in && !scan.in_flight
+    } else if matches!(
+        view.hold,
+        Some(Hold::OrphanDeletion | Hold::RetainedByKubernetes)
+    ) {
+        !scan.in_flight
+    } else {
+        !scan.in_flight && !scan.claims_left
+    };
+    if done {
+        // Decided on a live list of the namespace, so no claim or cleanup pod is overlooked.
+        plan.confirm(Confirm::SetAndNamespace);
+        plan.steps.push(Step::SetFinalizers {
+            finalizers: set
+                .finalizers
+                .iter()
+                .filter(|f| *f != naming::FINALIZER)
+                .cloned()
+                .collect(),
+            resource_version: set.resource_version.clone(),
+            adding: false,
         });
     }
 }
@@ -481,16 +700,13 @@ fn clear_marks(plan: &mut Plan, facts: &OrdinalFacts, attempt: Option<u32>) {
     }
 }
 
-/// The decision about one existing, not-deleting cleanup pod.
+/// The decision about one existing, not-deleting, recorded cleanup pod.
 struct CleanupStep<'a> {
-    o: &'a Observed,
-    policy: &'a Policy,
+    view: &'a View<'a>,
     ordinal: u32,
     facts: &'a OrdinalFacts,
     pod: &'a PodFacts,
     cleanup: &'a CleanupFacts,
-    /// Why a failure may not be retried, if it may not.
-    no_retry: Option<&'static str>,
 }
 
 impl CleanupStep<'_> {
@@ -498,71 +714,150 @@ impl CleanupStep<'_> {
         match self.cleanup.phase {
             Phase::Succeeded => self.complete(plan),
             Phase::Failed => self.failed(plan),
-            Phase::Pending | Phase::Running | Phase::Unknown => {}
+            Phase::Pending if self.cleanup.gated => self.release(plan),
+            Phase::Pending => self.check_stuck(plan),
+            Phase::Running | Phase::Unknown => {}
         }
     }
 
-    fn complete(&self, plan: &mut Plan) {
-        let (pod, set, ordinal) = (self.pod, &self.o.set, self.ordinal);
-        let claims: Vec<&ClaimFacts> = self
+    fn delete_pod(&self, why: PodDeletion) -> Step {
+        Step::DeleteCleanupPod {
+            name: self.pod.name.clone(),
+            uid: self.pod.uid.clone(),
+            why,
+            ran_for: (why == PodDeletion::Completed)
+                .then_some(self.cleanup.created)
+                .flatten()
+                .map(|c| crate::observe::until(c, self.view.o.now)),
+        }
+    }
+
+    /// Recorded but still gated: the process stopped between the record and the release. Let it
+    /// run if a live read still confirms the ordinal, else delete it (it never ran).
+    fn release(&self, plan: &mut Plan) {
+        plan.confirm(Confirm::Set);
+        match confirm_created(&self.view.o.set, self.ordinal) {
+            Verdict::Run => plan.steps.push(Step::Release {
+                name: self.pod.name.clone(),
+                uid: self.pod.uid.clone(),
+            }),
+            Verdict::Cancel(why) => {
+                plan.event(
+                    Reason::CleanupCancelled,
+                    self.pod.uid.clone(),
+                    format!(
+                        "cleanup pod {} never ran and is deleted: {why}",
+                        self.pod.name
+                    ),
+                );
+                plan.steps.push(self.delete_pod(PodDeletion::NeverRan));
+            }
+        }
+    }
+
+    fn check_stuck(&self, plan: &mut Plan) {
+        let (o, timeout) = (self.view.o, self.view.policy.pending_timeout);
+        let Some(deadline) = self
             .cleanup
+            .created
+            .and_then(|c| c.checked_add(timeout).ok())
+        else {
+            return;
+        };
+        if deadline > o.now {
+            plan.requeue(crate::observe::until(o.now, deadline));
+            return;
+        }
+        let state = if self.cleanup.scheduled {
+            "not started"
+        } else {
+            "not scheduled"
+        };
+        plan.event(
+            Reason::CleanupPodStuck,
+            self.pod.uid.clone(),
+            format!(
+                "cleanup pod {} has been Pending ({state}) for more than {}s; check its Events (image, node selector, quota)",
+                self.pod.name,
+                timeout.as_secs()
+            ),
+        );
+    }
+
+    /// The claims to delete: recorded for this pod, still the same objects, not being deleted, not
+    /// another set's.
+    fn recorded_claims(&self) -> Vec<&ClaimFacts> {
+        self.cleanup
             .claims
             .iter()
             .filter_map(|(name, uid)| {
-                let seen = self.facts.claims.iter().find(|c| c.name == *name)?;
-                // Only the claim the pod was created for, never a newer one with the same name.
-                uid.as_ref()
-                    .is_none_or(|uid| *uid == seen.uid)
-                    .then_some(seen)
+                self.facts
+                    .claims
+                    .iter()
+                    .find(|c| c.name == *name && c.uid == *uid)
             })
-            .collect();
-        let names = claims
-            .iter()
-            .map(|c| c.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ");
-        plan.event(
-            false,
-            reason::CLEANUP_SUCCESS,
-            pod.uid.clone(),
-            format!(
-                "cleanup pod {} succeeded; deleting its claims [{names}] and the pod",
-                pod.name
-            ),
-        );
-        if set.wants(ordinal) {
+            .filter(|c| c.live() && c.wanted_by_other.is_none())
+            .collect()
+    }
+
+    fn complete(&self, plan: &mut Plan) {
+        // Deleting data: only on a read of the set made after the pod succeeded.
+        plan.confirm(Confirm::Set);
+        let (pod, ordinal) = (self.pod, self.ordinal);
+        if self.view.o.set.wants(ordinal) {
             plan.event(
-                false,
-                reason::SCALED_UP_DURING_CLEANUP,
+                Reason::ScaledUpDuringCleanup,
                 pod.uid.clone(),
                 format!(
-                    "ordinal {ordinal} was scaled up while its cleanup ran; the cleaned claims are deleted and the StatefulSet recreates pod {} on fresh claims",
+                    "ordinal {ordinal} was scaled up while its cleanup ran; cleanup pod {} succeeded, its claims are kept (their data was drained) and the pod is deleted so the StatefulSet can recreate the ordinal",
                     pod.name
                 ),
             );
+            plan.steps.push(self.delete_pod(PodDeletion::ScaledUp));
+            return;
         }
+        let claims = self.recorded_claims();
+        let in_use: Vec<&&ClaimFacts> = claims.iter().filter(|c| !c.used_by.is_empty()).collect();
+        if !in_use.is_empty() {
+            for claim in in_use {
+                plan.event(
+                    Reason::ClaimInUse,
+                    format!("{} {}", claim.uid, claim.used_by.join(",")),
+                    format!(
+                        "claim {} of finished cleanup pod {} is used by pod(s) {}; it is deleted once they are gone",
+                        claim.name,
+                        pod.name,
+                        claim.used_by.join(", ")
+                    ),
+                );
+            }
+            plan.requeue(Duration::from_secs(10));
+            return;
+        }
+        let names: Vec<&str> = claims.iter().map(|c| c.name.as_str()).collect();
+        plan.event(
+            Reason::CleanupSuccess,
+            pod.uid.clone(),
+            format!(
+                "cleanup pod {} succeeded; deleting its claims [{}] and the pod",
+                pod.name,
+                names.join(", ")
+            ),
+        );
         // Claims first, then the pod: once the pod's name is free the StatefulSet may recreate the
         // ordinal, and it then finds the old claims already being deleted and waits for fresh ones
         // (pvc-protection releases them only once this pod is gone).
-        for claim in claims.iter().filter(|c| c.live()) {
+        for claim in claims {
             plan.steps.push(Step::DeleteClaim {
                 name: claim.name.clone(),
                 uid: claim.uid.clone(),
             });
         }
-        plan.steps.push(Step::DeleteCleanupPod {
-            name: pod.name.clone(),
-            uid: pod.uid.clone(),
-            why: PodDeletion::Completed,
-            ran_for: self
-                .cleanup
-                .created
-                .map(|c| crate::observe::until(c, self.o.now)),
-        });
+        plan.steps.push(self.delete_pod(PodDeletion::Completed));
     }
 
     fn failed(&self, plan: &mut Plan) {
-        let (pod, cleanup, policy) = (self.pod, self.cleanup, self.policy);
+        let (pod, cleanup, policy, o) = (self.pod, self.cleanup, self.view.policy, self.view.o);
         let failure = cleanup.failure.as_ref();
         let mut what = format!(
             "cleanup pod {} (attempt {} of {}) failed: {}",
@@ -574,10 +869,14 @@ impl CleanupStep<'_> {
         if let Some(code) = failure.and_then(|f| f.exit_code) {
             what.push_str(&format!(", exit code {code}"));
         }
-        if let Some(why) = self.no_retry {
+        let no_retry = if !self.view.orphaned(self.ordinal) {
+            Some("ordinal is wanted again")
+        } else {
+            self.view.hold.map(Hold::explain)
+        };
+        if let Some(why) = no_retry {
             plan.event(
-                true,
-                reason::CLEANUP_FAILED,
+                Reason::CleanupFailed,
                 pod.uid.clone(),
                 format!("{what}; not retried because the {why}; the pod stays for inspection and its claims are kept"),
             );
@@ -585,8 +884,7 @@ impl CleanupStep<'_> {
         }
         if cleanup.attempt >= policy.max_attempts {
             plan.event(
-                true,
-                reason::CLEANUP_GAVE_UP,
+                Reason::CleanupGaveUp,
                 pod.uid.clone(),
                 format!(
                     "{what}; giving up: the pod stays for inspection and keeps its claims from being reused; delete pod {} to start a new series",
@@ -597,31 +895,24 @@ impl CleanupStep<'_> {
         }
         let backoff = policy.backoff(cleanup.attempt);
         plan.event(
-            true,
-            reason::CLEANUP_FAILED,
+            Reason::CleanupFailed,
             pod.uid.clone(),
             format!("{what}; retrying in {}s", backoff.as_secs()),
         );
-        let failed_at = failure.and_then(|f| f.finished_at).unwrap_or(self.o.now);
+        let failed_at = failure.and_then(|f| f.finished_at).unwrap_or(o.now);
         let retry_at = failed_at.checked_add(backoff).unwrap_or(failed_at);
-        if retry_at > self.o.now {
-            plan.requeue(crate::observe::until(self.o.now, retry_at));
+        if retry_at > o.now {
+            plan.requeue(crate::observe::until(o.now, retry_at));
             return;
         }
-        let next = cleanup.attempt + 1;
         for claim in self.facts.claims.iter().filter(|c| c.live()) {
             plan.steps.push(Step::MarkNextAttempt {
                 claim: claim.name.clone(),
                 uid: claim.uid.clone(),
-                attempt: Some(next),
+                attempt: Some(cleanup.attempt + 1),
             });
         }
-        plan.steps.push(Step::DeleteCleanupPod {
-            name: pod.name.clone(),
-            uid: pod.uid.clone(),
-            why: PodDeletion::Retry,
-            ran_for: None,
-        });
+        plan.steps.push(self.delete_pod(PodDeletion::Retry));
     }
 }
 

@@ -1,4 +1,5 @@
-//! The one error type of the library, with a bounded category for metrics and logs.
+//! The one error type of the library. Each error has a `Category`: a small closed set that names
+//! metric label values and log fields, decided by type, never by matching message strings.
 
 /// Why a reconcile (or the startup) failed.
 #[derive(Debug, thiserror::Error)]
@@ -11,9 +12,6 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    /// The API server refused the rendered cleanup pod (a template problem it found and we did not).
-    #[error("the API server rejected cleanup pod {pod}: {message}")]
-    PodRejected { pod: String, message: String },
     /// A watch cache has not synced yet; decisions wait for it.
     #[error("the {0} cache is not ready")]
     CacheNotReady(&'static str),
@@ -24,18 +22,92 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// The StatefulSet kept changing while a new cleanup pod was being recorded on it.
+    #[error("statefulset {0} kept changing while a cleanup pod was recorded; retrying")]
+    Contended(String),
     /// This process lost the leader Lease (or could not renew it in time) and must stop.
     #[error("lost leadership")]
     LeadershipLost,
     /// A write was about to be made by a process that is not (or no longer) the leader.
     #[error("not the leader")]
     NotLeader,
+    /// A task of the process (election, HTTP server) failed or stopped unexpectedly.
+    #[error("{0}")]
+    Task(String),
     /// The controller could not be configured (flags, kubeconfig, namespace).
     #[error("configuration: {0}")]
     Config(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// HTTP status codes the controller gives a meaning to.
+pub mod code {
+    pub const UNAUTHORIZED: u16 = 401;
+    pub const FORBIDDEN: u16 = 403;
+    pub const NOT_FOUND: u16 = 404;
+    pub const CONFLICT: u16 = 409;
+    pub const GONE: u16 = 410;
+    pub const TOO_LARGE: u16 = 413;
+    pub const INVALID: u16 = 422;
+    pub const THROTTLED: u16 = 429;
+    pub const INTERNAL: u16 = 500;
+}
+
+/// What kind of failure an error is: a bounded set, safe as a metric label value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Category {
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    Conflict,
+    Invalid,
+    Throttled,
+    ServerError,
+    ApiError,
+    Transport,
+    CacheNotReady,
+    Contended,
+    Internal,
+    NotLeader,
+    Task,
+    Config,
+}
+
+impl Category {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Category::Unauthorized => "unauthorized",
+            Category::Forbidden => "forbidden",
+            Category::NotFound => "not_found",
+            Category::Conflict => "conflict",
+            Category::Invalid => "invalid",
+            Category::Throttled => "throttled",
+            Category::ServerError => "server_error",
+            Category::ApiError => "api_error",
+            Category::Transport => "transport",
+            Category::CacheNotReady => "cache_not_ready",
+            Category::Contended => "contended",
+            Category::Internal => "internal",
+            Category::NotLeader => "not_leader",
+            Category::Task => "task",
+            Category::Config => "config",
+        }
+    }
+
+    fn of_status(status: u16) -> Category {
+        match status {
+            code::UNAUTHORIZED => Category::Unauthorized,
+            code::FORBIDDEN => Category::Forbidden,
+            code::NOT_FOUND => Category::NotFound,
+            code::CONFLICT => Category::Conflict,
+            400 | code::INVALID => Category::Invalid,
+            code::THROTTLED => Category::Throttled,
+            500..=599 => Category::ServerError,
+            _ => Category::ApiError,
+        }
+    }
+}
 
 impl Error {
     pub(crate) fn kube(
@@ -50,27 +122,18 @@ impl Error {
         }
     }
 
-    /// A small, fixed set of names: safe as a metric label value.
-    pub fn category(&self) -> &'static str {
+    pub fn category(&self) -> Category {
         match self {
-            Error::Kube { source, .. } => match source {
-                kube::Error::Api(status) => match status.code {
-                    401 => "unauthorized",
-                    403 => "forbidden",
-                    404 => "not_found",
-                    409 => "conflict",
-                    400 | 422 => "invalid",
-                    429 => "throttled",
-                    500..=599 => "server_error",
-                    _ => "api_error",
-                },
-                _ => "transport",
+            Error::Kube { source, .. } => match status_code(source) {
+                Some(status) => Category::of_status(status),
+                None => Category::Transport,
             },
-            Error::PodRejected { .. } => "pod_rejected",
-            Error::CacheNotReady(_) => "cache_not_ready",
-            Error::Encode { .. } => "internal",
-            Error::Config(_) => "config",
-            Error::LeadershipLost | Error::NotLeader => "not_leader",
+            Error::CacheNotReady(_) => Category::CacheNotReady,
+            Error::Contended(_) => Category::Contended,
+            Error::Encode { .. } => Category::Internal,
+            Error::Task(_) => Category::Task,
+            Error::Config(_) => Category::Config,
+            Error::LeadershipLost | Error::NotLeader => Category::NotLeader,
         }
     }
 }
@@ -81,6 +144,11 @@ pub(crate) fn status_code(err: &kube::Error) -> Option<u16> {
         kube::Error::Api(status) => Some(status.code),
         _ => None,
     }
+}
+
+/// Whether `err` is an API answer with one of these status codes.
+pub(crate) fn is_status(err: &kube::Error, codes: &[u16]) -> bool {
+    status_code(err).is_some_and(|c| codes.contains(&c))
 }
 
 #[cfg(test)]
@@ -103,18 +171,13 @@ mod tests {
             (api(422), "invalid"),
             (api(503), "server_error"),
             (api(418), "api_error"),
-            (
-                Error::PodRejected {
-                    pod: "web-2".into(),
-                    message: "bad".into(),
-                },
-                "pod_rejected",
-            ),
+            (Error::Contended("web".into()), "contended"),
             (Error::NotLeader, "not_leader"),
+            (Error::Task("election task panicked".into()), "task"),
             (Error::CacheNotReady("pod"), "cache_not_ready"),
         ];
         for (err, want) in cases {
-            assert_eq!(err.category(), want, "{err}");
+            assert_eq!(err.category().as_str(), want, "{err}");
         }
         assert!(
             api(409)

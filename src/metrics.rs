@@ -16,6 +16,13 @@ pub struct ErrorLabels {
     pub category: &'static str,
 }
 
+/// The Event reason of an outcome (see `reason::Reason`): a bounded set. Its type (Normal or
+/// Warning) follows from the reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    pub reason: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NamespaceLabels {
     pub namespace: String,
@@ -35,6 +42,7 @@ pub struct Metrics {
     cleanup_duration: Histogram,
     leader: Gauge,
     orphaned_claims: Family<NamespaceLabels, Gauge>,
+    events: Family<EventLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -53,6 +61,7 @@ impl Default for Metrics {
             cleanup_duration: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
             leader: Gauge::default(),
             orphaned_claims: Family::default(),
+            events: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -111,6 +120,11 @@ impl Default for Metrics {
             "Claims of StatefulSets without the cleanup annotation whose ordinal is no longer wanted",
             m.orphaned_claims.clone(),
         );
+        registry.register(
+            "events",
+            "Outcomes reported as Events, by Event reason",
+            m.events.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
@@ -127,6 +141,20 @@ impl Metrics {
     }
     pub fn cleanup_given_up(&self) {
         self.cleanups_given_up.inc();
+    }
+    /// Counts an outcome; failed and given-up cleanups also count in their own families.
+    pub fn event(&self, reason: crate::reason::Reason) {
+        use crate::reason::Reason;
+        self.events
+            .get_or_create(&EventLabels {
+                reason: reason.as_str(),
+            })
+            .inc();
+        match reason {
+            Reason::CleanupFailed => self.cleanup_failed(),
+            Reason::CleanupGaveUp => self.cleanup_given_up(),
+            _ => {}
+        }
     }
     pub fn claim_deleted(&self) {
         self.claims_deleted.inc();
@@ -182,6 +210,7 @@ mod tests {
         m.reconciled(0.01, Some("conflict"));
         m.set_orphaned_claims(&[("ns".to_string(), 1)].into());
         m.cleanup_took(3.0);
+        m.event(crate::reason::Reason::CleanupPodStuck);
         let text = m.encode();
         let exported: std::collections::BTreeSet<String> = text
             .lines()

@@ -5,6 +5,7 @@
 //! write facts down directly. No IO here.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -24,7 +25,64 @@ pub struct Observed {
     pub ordinals: BTreeMap<u32, OrdinalFacts>,
     /// Cleanup pods in flight (not finished, not being deleted) across everything we watch.
     pub cleanups_in_flight: usize,
+    /// Creations of a cleanup pod the API server refused, per ordinal (this process's memory).
+    pub rejections: BTreeMap<u32, Rejection>,
+    /// Where the set's facts come from: dangerous steps are only planned from a live read.
+    pub read: SetRead,
     pub now: Timestamp,
+}
+
+/// Whether `Observed::set` was read from the watch cache or from the API server just now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SetRead {
+    /// Everything from the watch caches.
+    #[default]
+    Cached,
+    /// The set read from the API server just now; claims and pods from the caches.
+    LiveSet,
+    /// The set, and the claims and pods of its namespace, read from the API server just now.
+    LiveAll,
+}
+
+/// The API server refused to create the cleanup pod of an ordinal (admission, quota, validation,
+/// size, server error): how often in a row, the last time, and its message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    pub count: u32,
+    pub last: Timestamp,
+    pub code: u16,
+    pub message: String,
+}
+
+/// What this controller recorded on the StatefulSet about the cleanup pod of one ordinal: the UID
+/// of the pod it created and confirmed, and the claims (name -> UID) that pod was created for.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Record {
+    pub pod: String,
+    #[serde(default)]
+    pub claims: BTreeMap<String, String>,
+}
+
+/// The record annotation is ours; anything larger than this was not written by us.
+const MAX_RECORD_BYTES: usize = 256 * 1024;
+
+/// Parses the record annotation. Anything malformed proves nothing, so it reads as no record.
+pub fn parse_records(raw: Option<&str>) -> BTreeMap<u32, Record> {
+    let Some(raw) = raw.filter(|r| r.len() <= MAX_RECORD_BYTES) else {
+        return BTreeMap::new();
+    };
+    serde_json::from_str::<BTreeMap<String, Record>>(raw)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(k, v)| Some((naming::parse_ordinal(&k)?, v)))
+        .collect()
+}
+
+/// The record annotation's value for `records`.
+pub fn format_records(records: &BTreeMap<u32, Record>) -> String {
+    let by_name: BTreeMap<String, &Record> =
+        records.iter().map(|(k, v)| (k.to_string(), v)).collect();
+    serde_json::to_string(&by_name).unwrap_or_else(|_| "{}".into())
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -33,6 +91,11 @@ pub struct SetFacts {
     pub name: String,
     pub uid: String,
     pub resource_version: String,
+    /// `metadata.generation`: changes with every spec change (the confirmation's compare-and-swap).
+    pub generation: i64,
+    /// The record annotation, raw (to compare-and-swap it) and parsed.
+    pub record_raw: Option<String>,
+    pub records: BTreeMap<u32, Record>,
     pub finalizers: Vec<String>,
     pub deleting: bool,
     /// The template annotation, when present and not blank.
@@ -82,6 +145,8 @@ pub struct ClaimFacts {
     /// Another StatefulSet in the namespace whose own claim this name also is, and which still
     /// wants that ordinal.
     pub wanted_by_other: Option<String>,
+    /// Pods other than this ordinal's cleanup pod that mount the claim and have not finished.
+    pub used_by: Vec<String>,
 }
 
 impl ClaimFacts {
@@ -103,8 +168,12 @@ pub struct PodFacts {
 pub enum PodRole {
     /// A pod of the StatefulSet (its controller ownerReference is this set).
     Stateful,
-    /// A cleanup pod (it carries the owner annotation).
+    /// A cleanup pod this controller created and confirmed: its UID is in the set's record.
     Cleanup(CleanupFacts),
+    /// A pod that looks like a cleanup pod (our label or owner annotation) but whose UID is not in
+    /// the record: forged, left by another controller, or created by us just before a crash and
+    /// never confirmed. `gated`: it still carries our confirm gate, so it never ran.
+    Unproven { gated: bool },
     /// Neither: somebody else's pod, or a stateful pod orphaned by `--cascade=orphan`.
     Foreign,
 }
@@ -113,12 +182,16 @@ pub enum PodRole {
 pub struct CleanupFacts {
     pub phase: Phase,
     pub attempt: u32,
-    /// The claims the pod was created for: name -> UID. The UID is `None` for pods created by the
-    /// Go original, which did not record it; the claim seen now is used then.
-    pub claims: BTreeMap<String, Option<String>>,
+    /// The claims the pod was created for (name -> UID), from our record on the set, never from
+    /// the pod, whose annotations anyone who may edit pods can change.
+    pub claims: BTreeMap<String, String>,
+    /// It still carries our confirm gate (recorded but not yet released: a crash in between).
+    pub gated: bool,
     pub failure: Option<Failure>,
-    /// When the pod was created (for the cleanup duration metric).
+    /// When the pod was created (for the cleanup duration metric and the pending timeout).
     pub created: Option<Timestamp>,
+    /// It was bound to a node (so it is past scheduling).
+    pub scheduled: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,15 +211,18 @@ pub struct Failure {
     pub finished_at: Option<Timestamp>,
 }
 
-/// Objects to observe one StatefulSet from: the caches, or lists read live from the API server.
+/// Objects to observe one StatefulSet from: the caches, or objects read live from the API server.
 pub struct Sources<'a> {
     /// StatefulSets of the namespace (for claim names that fit two sets).
-    pub sets: &'a [std::sync::Arc<StatefulSet>],
-    pub claims: &'a [std::sync::Arc<PartialObjectMeta<PersistentVolumeClaim>>],
-    pub pods: &'a [std::sync::Arc<PartialObjectMeta<Pod>>],
-    /// Full cleanup pods (label `scaledown-pod`), for their phase and volumes.
-    pub cleanup_pods: &'a [std::sync::Arc<Pod>],
+    pub sets: &'a [Arc<StatefulSet>],
+    pub claims: &'a [Arc<PartialObjectMeta<PersistentVolumeClaim>>],
+    /// Pods, pruned to what we read (see `watch::prune_pod`): names, owners, claim volumes, phase.
+    pub pods: &'a [Arc<Pod>],
+    /// Full cleanup pods (label `scaledown-pod`), for their failure details.
+    pub cleanup_pods: &'a [Arc<Pod>],
     pub cleanups_in_flight: usize,
+    pub rejections: BTreeMap<u32, Rejection>,
+    pub read: SetRead,
     pub now: Timestamp,
 }
 
@@ -154,47 +230,25 @@ pub struct Sources<'a> {
 pub fn observe(set: &StatefulSet, sources: &Sources<'_>) -> Observed {
     let facts = set_facts(set);
     let ns = facts.namespace.as_str();
-    let mut ordinals: BTreeMap<u32, OrdinalFacts> = BTreeMap::new();
-
+    let in_ns = |meta: &kube::core::ObjectMeta| meta.namespace.as_deref() == Some(ns);
     let others: Vec<SetFacts> = sources
         .sets
         .iter()
-        .filter(|s| s.namespace().as_deref() == Some(ns) && s.name_any() != facts.name)
+        .filter(|s| in_ns(s.meta()) && s.name_any() != facts.name)
         .map(|s| set_facts(s))
         .collect();
-    for claim in sources
-        .claims
+    let pods: Vec<&Pod> = sources
+        .pods
         .iter()
-        .filter(|c| c.namespace().as_deref() == Some(ns))
-    {
-        let name = claim.name_any();
-        for template in &facts.claim_templates {
-            let Some(ordinal) = naming::claim_ordinal(&name, template, &facts.name) else {
-                continue;
-            };
-            let wanted_by_other = others
-                .iter()
-                .find(|o| {
-                    o.claim_templates.iter().any(|t| {
-                        naming::claim_ordinal(&name, t, &o.name).is_some_and(|n| o.wants(n))
-                    })
-                })
-                .map(|o| o.name.clone());
-            ordinals
-                .entry(ordinal)
-                .or_default()
-                .claims
-                .push(ClaimFacts {
-                    template: template.clone(),
-                    name: name.clone(),
-                    uid: claim.uid().unwrap_or_default(),
-                    deleting: claim.meta().deletion_timestamp.is_some(),
-                    next_attempt: claim
-                        .annotations()
-                        .get(naming::NEXT_ATTEMPT_ANNOTATION)
-                        .and_then(|v| v.parse().ok()),
-                    wanted_by_other,
-                });
+        .map(|p| p.as_ref())
+        .filter(|p| in_ns(p.meta()))
+        .collect();
+    let users = claim_users(&pods);
+
+    let mut ordinals: BTreeMap<u32, OrdinalFacts> = BTreeMap::new();
+    for claim in sources.claims.iter().filter(|c| in_ns(c.meta())) {
+        for (ordinal, facts) in claim_facts(claim, &facts, &others, &users) {
+            ordinals.entry(ordinal).or_default().claims.push(facts);
         }
     }
     for entry in ordinals.values_mut() {
@@ -203,22 +257,25 @@ pub fn observe(set: &StatefulSet, sources: &Sources<'_>) -> Observed {
             .sort_by_key(|c| facts.claim_templates.iter().position(|t| *t == c.template));
     }
 
-    let cleanup_pods: BTreeMap<&str, &Pod> = sources
+    let full: BTreeMap<&str, &Pod> = sources
         .cleanup_pods
         .iter()
-        .filter(|p| p.namespace().as_deref() == Some(ns))
+        .filter(|p| in_ns(p.meta()))
         .filter_map(|p| Some((p.metadata.name.as_deref()?, p.as_ref())))
         .collect();
-    for pod in sources
-        .pods
-        .iter()
-        .filter(|p| p.namespace().as_deref() == Some(ns))
-    {
+    for pod in pods {
         let name = pod.name_any();
         let Some(ordinal) = naming::pod_ordinal(&name, &facts.name) else {
             continue;
         };
-        let role = pod_role(pod, &facts.uid, cleanup_pods.get(name.as_str()).copied());
+        let detailed = full.get(name.as_str()).copied().unwrap_or(pod);
+        let role = pod_role(detailed, ordinal, &facts);
+        if let PodRole::Cleanup(_) = role {
+            // The cleanup pod itself does not keep its claims from being deleted.
+            for claim in ordinals.entry(ordinal).or_default().claims.iter_mut() {
+                claim.used_by.retain(|p| *p != name);
+            }
+        }
         ordinals.entry(ordinal).or_default().pod = Some(PodFacts {
             uid: pod.uid().unwrap_or_default(),
             deleting: pod.meta().deletion_timestamp.is_some(),
@@ -231,8 +288,72 @@ pub fn observe(set: &StatefulSet, sources: &Sources<'_>) -> Observed {
         set: facts,
         ordinals,
         cleanups_in_flight: sources.cleanups_in_flight,
+        rejections: sources.rejections.clone(),
+        read: sources.read,
         now: sources.now,
     }
+}
+
+/// Claim name -> pods that mount it and have not finished.
+fn claim_users<'a>(pods: &[&'a Pod]) -> BTreeMap<&'a str, Vec<String>> {
+    let mut users: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for pod in pods.iter().filter(|p| !finished(p)) {
+        for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+            if let Some(claim) = &volume.persistent_volume_claim {
+                users
+                    .entry(claim.claim_name.as_str())
+                    .or_default()
+                    .push(pod.name_any());
+            }
+        }
+    }
+    users
+}
+
+fn finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// The facts of one claim for every claim template of `set` whose name it fits.
+fn claim_facts(
+    claim: &PartialObjectMeta<PersistentVolumeClaim>,
+    set: &SetFacts,
+    others: &[SetFacts],
+    users: &BTreeMap<&str, Vec<String>>,
+) -> Vec<(u32, ClaimFacts)> {
+    let name = claim.name_any();
+    let wanted_by_other = others
+        .iter()
+        .find(|o| {
+            o.claim_templates
+                .iter()
+                .any(|t| naming::claim_ordinal(&name, t, &o.name).is_some_and(|n| o.wants(n)))
+        })
+        .map(|o| o.name.clone());
+    set.claim_templates
+        .iter()
+        .filter_map(|template| {
+            let ordinal = naming::claim_ordinal(&name, template, &set.name)?;
+            Some((
+                ordinal,
+                ClaimFacts {
+                    template: template.clone(),
+                    name: name.clone(),
+                    uid: claim.uid().unwrap_or_default(),
+                    deleting: claim.meta().deletion_timestamp.is_some(),
+                    next_attempt: claim
+                        .annotations()
+                        .get(naming::NEXT_ATTEMPT_ANNOTATION)
+                        .and_then(|v| v.parse().ok()),
+                    wanted_by_other: wanted_by_other.clone(),
+                    used_by: users.get(name.as_str()).cloned().unwrap_or_default(),
+                },
+            ))
+        })
+        .collect()
 }
 
 /// The facts of a StatefulSet object on its own.
@@ -241,11 +362,15 @@ pub fn set_facts(set: &StatefulSet) -> SetFacts {
     let spec = set.spec.as_ref();
     let retention = spec.and_then(|s| s.persistent_volume_claim_retention_policy.as_ref());
     let non_negative = |v: Option<i32>, default: u32| v.map_or(default, |v| v.max(0) as u32);
+    let record_raw = set.annotations().get(naming::RECORD_ANNOTATION).cloned();
     SetFacts {
         namespace: set.namespace().unwrap_or_default(),
         name: set.name_any(),
         uid: set.uid().unwrap_or_default(),
         resource_version: set.resource_version().unwrap_or_default(),
+        generation: meta.generation.unwrap_or_default(),
+        records: parse_records(record_raw.as_deref()),
+        record_raw,
         finalizers: meta.finalizers.clone().unwrap_or_default(),
         deleting: meta.deletion_timestamp.is_some(),
         template: set
@@ -266,28 +391,25 @@ pub fn set_facts(set: &StatefulSet) -> SetFacts {
     }
 }
 
-fn pod_role(pod: &PartialObjectMeta<Pod>, set_uid: &str, full: Option<&Pod>) -> PodRole {
-    let is_cleanup = pod
-        .annotations()
-        .get(naming::OWNER_ANNOTATION)
-        .is_some_and(|v| !v.is_empty());
-    if is_cleanup {
-        return PodRole::Cleanup(match full {
-            Some(full) => cleanup_facts(full),
-            // Our label was removed, so the cleanup watch does not see it: wait, touch nothing.
-            None => CleanupFacts {
-                phase: Phase::Unknown,
-                attempt: 1,
-                claims: BTreeMap::new(),
-                failure: None,
-                created: None,
-            },
-        });
+/// What a pod named after `ordinal` of `set` is. Only the record on the set makes a cleanup pod.
+fn pod_role(pod: &Pod, ordinal: u32, set: &SetFacts) -> PodRole {
+    let uid = pod.uid().unwrap_or_default();
+    if let Some(record) = set
+        .records
+        .get(&ordinal)
+        .filter(|r| !uid.is_empty() && r.pod == uid)
+    {
+        return PodRole::Cleanup(cleanup_facts(pod, record));
+    }
+    if looks_like_cleanup(pod) {
+        return PodRole::Unproven {
+            gated: has_confirm_gate(pod),
+        };
     }
     let owned = pod
         .owner_references()
         .iter()
-        .any(|o| o.controller == Some(true) && o.kind == "StatefulSet" && o.uid == set_uid);
+        .any(|o| o.controller == Some(true) && o.kind == "StatefulSet" && o.uid == set.uid);
     if owned {
         PodRole::Stateful
     } else {
@@ -295,79 +417,90 @@ fn pod_role(pod: &PartialObjectMeta<Pod>, set_uid: &str, full: Option<&Pod>) -> 
     }
 }
 
-/// The cleanup facts of a full cleanup pod.
-pub fn cleanup_facts(pod: &Pod) -> CleanupFacts {
-    let annotations = pod.annotations();
+/// Our label or our owner annotation: what a cleanup pod looks like (and anyone can copy).
+pub fn looks_like_cleanup(pod: &Pod) -> bool {
+    pod.labels().contains_key(naming::CLEANUP_LABEL)
+        || pod
+            .annotations()
+            .get(naming::OWNER_ANNOTATION)
+            .is_some_and(|v| !v.is_empty())
+}
+
+pub fn has_confirm_gate(pod: &Pod) -> bool {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.scheduling_gates.iter().flatten())
+        .any(|g| g.name == naming::CONFIRM_GATE)
+}
+
+/// The cleanup facts of a recorded cleanup pod.
+pub fn cleanup_facts(pod: &Pod, record: &Record) -> CleanupFacts {
     let status = pod.status.as_ref();
-    let phase = match status.and_then(|s| s.phase.as_deref()) {
+    let phase = phase_of(pod);
+    let failure = (phase == Phase::Failed).then(|| failure_of(pod));
+    CleanupFacts {
+        phase,
+        attempt: pod
+            .annotations()
+            .get(naming::ATTEMPT_ANNOTATION)
+            .and_then(|v| v.parse().ok())
+            .filter(|a| *a >= 1)
+            .unwrap_or(1),
+        claims: record.claims.clone(),
+        gated: has_confirm_gate(pod),
+        failure,
+        created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        scheduled: pod.spec.as_ref().is_some_and(|s| s.node_name.is_some())
+            || status.is_some_and(|s| s.start_time.is_some()),
+    }
+}
+
+fn phase_of(pod: &Pod) -> Phase {
+    match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
         Some("Pending") | None => Phase::Pending,
         Some("Running") => Phase::Running,
         Some("Succeeded") => Phase::Succeeded,
         Some("Failed") => Phase::Failed,
         Some(_) => Phase::Unknown,
-    };
-    let claims = match annotations
-        .get(naming::CLAIMS_ANNOTATION)
-        .and_then(|v| serde_json::from_str::<BTreeMap<String, String>>(v).ok())
-    {
-        Some(recorded) => recorded.into_iter().map(|(n, u)| (n, Some(u))).collect(),
-        // Pods of the Go original: the claims are the pod's claim volumes.
-        None => pod
-            .spec
-            .iter()
-            .flat_map(|s| s.volumes.iter().flatten())
-            .filter_map(|v| Some((v.persistent_volume_claim.as_ref()?.claim_name.clone(), None)))
-            .collect(),
-    };
-    let failure = (phase == Phase::Failed).then(|| {
-        let terminated: Vec<_> = status
-            .into_iter()
-            .flat_map(|s| s.container_statuses.iter().flatten())
-            .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
-            .collect();
-        let failed = terminated.iter().find(|t| t.exit_code != 0);
-        let reason = status
-            .and_then(|s| s.reason.clone())
-            .or_else(|| failed.and_then(|t| t.reason.clone()))
-            .unwrap_or_else(|| "Failed".into());
-        let finished_at = terminated
-            .iter()
-            .filter_map(|t| t.finished_at.as_ref().map(|t| t.0))
-            .chain(
-                status
-                    .into_iter()
-                    .flat_map(|s| s.conditions.iter().flatten())
-                    .filter_map(|c| c.last_transition_time.as_ref().map(|t| t.0)),
-            )
-            .max()
-            .or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0));
-        Failure {
-            reason,
-            exit_code: failed.map(|t| t.exit_code),
-            finished_at,
-        }
-    });
-    CleanupFacts {
-        phase,
-        attempt: annotations
-            .get(naming::ATTEMPT_ANNOTATION)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1),
-        claims,
-        failure,
-        created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
     }
 }
 
-/// Whether a cleanup pod counts against `--max-concurrent-cleanups`.
+fn failure_of(pod: &Pod) -> Failure {
+    let status = pod.status.as_ref();
+    let terminated: Vec<_> = status
+        .into_iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
+        .collect();
+    let failed = terminated.iter().find(|t| t.exit_code != 0);
+    let reason = status
+        .and_then(|s| s.reason.clone())
+        .or_else(|| failed.and_then(|t| t.reason.clone()))
+        .unwrap_or_else(|| "Failed".into());
+    let finished_at = terminated
+        .iter()
+        .filter_map(|t| t.finished_at.as_ref().map(|t| t.0))
+        .chain(
+            status
+                .into_iter()
+                .flat_map(|s| s.conditions.iter().flatten())
+                .filter_map(|c| c.last_transition_time.as_ref().map(|t| t.0)),
+        )
+        .max()
+        .or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    Failure {
+        reason,
+        exit_code: failed.map(|t| t.exit_code),
+        finished_at,
+    }
+}
+
+/// Whether a pod that looks like a cleanup pod counts against `--max-concurrent-cleanups`.
 pub fn in_flight(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none()
-        && pod
-            .annotations()
-            .get(naming::OWNER_ANNOTATION)
-            .is_some_and(|v| !v.is_empty())
+        && looks_like_cleanup(pod)
         && matches!(
-            cleanup_facts(pod).phase,
+            phase_of(pod),
             Phase::Pending | Phase::Running | Phase::Unknown
         )
 }

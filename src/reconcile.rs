@@ -1,7 +1,12 @@
-//! One reconcile: observe from the caches, decide, confirm dangerous steps on a live read, act.
-//! Also the per-StatefulSet error backoff, which kube's Controller leaves to us.
+//! One pass over one StatefulSet, in a straight line:
+//! observe (caches) → decide → confirm (a live read, decide again, if the plan asks) → act →
+//! settle the cleanup pods just created (a read made after the create, the pure verdict, record
+//! and release or delete) → remember and report.
+//! Also the per-StatefulSet memory (error backoff, refused creations), which kube's Controller
+//! leaves to us.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,19 +19,21 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 use tracing::{debug, warn};
 
-use crate::act::Actor;
-use crate::decide::{Policy, Step, decide};
+use crate::act::{Actor, Created, Done};
+use crate::decide::{self, Confirm, Plan, Policy, Verdict, decide};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::naming;
-use crate::observe::{self, Observed, Sources};
-use crate::watch::Stores;
+use crate::observe::{self, Observed, Record, Rejection, SetFacts, SetRead, Sources};
+use crate::watch::{self, Stores};
 
 /// How long a cleanup pod we created counts as in flight before the cache shows it.
 const CREATED_GRACE: Duration = Duration::from_secs(60);
 /// Error backoff per StatefulSet: first retry after this, doubling per failure.
 const ERROR_BACKOFF_BASE: Duration = Duration::from_secs(1);
 const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// Reads of the set for one record of new cleanup pods, when the set keeps changing under us.
+const RECORD_TRIES: usize = 3;
 
 pub struct Context {
     pub client: Client,
@@ -36,16 +43,35 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub leadership: Arc<crate::leader::Leadership>,
     pub resync: Duration,
-    /// Serialises confirmations and the writes they allow, so the concurrency cap holds.
-    confirm: tokio::sync::Mutex<()>,
+    /// With `--max-concurrent-cleanups` only: serialises creations so the cap holds.
+    cap: tokio::sync::Mutex<()>,
     /// Cleanup pods created by us that the cache may not show yet: (namespace, name) -> when.
     created: Mutex<HashMap<(String, String), Instant>>,
-    /// Consecutive failed reconciles per StatefulSet.
-    failures: Mutex<HashMap<ObjectRef<StatefulSet>, u32>>,
+    /// What this process remembers per StatefulSet.
+    memory: Mutex<HashMap<ObjectRef<StatefulSet>, Memory>>,
+}
+
+/// What one StatefulSet's past passes left behind.
+#[derive(Clone, Debug, Default)]
+struct Memory {
+    /// Consecutive failed passes (the error backoff).
+    failures: u32,
+    /// Hash of the template annotation the refusals below were made with.
+    template: u64,
+    /// Creations the API server refused, per ordinal.
+    refusals: BTreeMap<u32, Rejection>,
 }
 
 fn arcs<T>(items: Vec<T>) -> Vec<Arc<T>> {
     items.into_iter().map(Arc::new).collect()
+}
+
+fn template_hash(set: &StatefulSet) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    set.annotations()
+        .get(naming::TEMPLATE_ANNOTATION)
+        .hash(&mut hasher);
+    hasher.finish()
 }
 
 impl Context {
@@ -66,10 +92,102 @@ impl Context {
             actor,
             metrics,
             resync,
-            confirm: tokio::sync::Mutex::new(()),
+            cap: tokio::sync::Mutex::new(()),
             created: Mutex::new(HashMap::new()),
-            failures: Mutex::new(HashMap::new()),
+            memory: Mutex::new(HashMap::new()),
         }
+    }
+
+    async fn pass(&self, set: &StatefulSet) -> Result<Action> {
+        self.stores.ready().await?;
+        if !self.leadership.may_write() {
+            // A standby only keeps its caches warm; it looks at every set when it becomes leader.
+            return Ok(Action::await_change());
+        }
+        let _cap = match self.policy.max_in_flight {
+            Some(_) => Some(self.cap.lock().await),
+            None => None,
+        };
+        let refusals = self.refusals(set);
+        let cached = self.observe_cached(set, &refusals);
+        let plan = decide(&cached, &self.policy);
+        let Some((observed, plan)) = self.confirm(set, cached, plan, &refusals).await? else {
+            return Ok(Action::await_change());
+        };
+        let done = self.actor.execute(&observed.set, &plan).await?;
+        self.remember(set, &observed, &done);
+        self.settle(&observed, done.created).await?;
+        let after = plan
+            .requeue_after
+            .map_or(self.resync, |d| d.min(self.resync))
+            .max(Duration::from_millis(500));
+        Ok(Action::requeue(after))
+    }
+
+    /// Decides again on a live read for as long as the plan asks for one (at most twice: the set,
+    /// then the set with its namespace). `None` when the set is gone or was replaced.
+    async fn confirm(
+        &self,
+        set: &StatefulSet,
+        mut observed: Observed,
+        mut plan: Plan,
+        refusals: &BTreeMap<u32, Rejection>,
+    ) -> Result<Option<(Observed, Plan)>> {
+        for _ in 0..2 {
+            let Some(depth) = plan.confirm else { break };
+            let Some(live) = self.observe_live(set, depth, refusals).await? else {
+                return Ok(None);
+            };
+            plan = decide(&live, &self.policy);
+            observed = live;
+        }
+        Ok(plan.confirm.is_none().then_some((observed, plan)))
+    }
+
+    /// The verdict on each cleanup pod created in this pass, on a read of the set made after the
+    /// creates, carried out by `act`. The set changing between that read and the record means
+    /// reading and judging again.
+    async fn settle(&self, observed: &Observed, created: Vec<Created>) -> Result<()> {
+        let mut pending = created;
+        for attempt in 1..=RECORD_TRIES {
+            if pending.is_empty() {
+                return Ok(());
+            }
+            let live = self.get_set(&observed.set).await?;
+            let facts = live.as_ref().map(observe::set_facts);
+            let verdicts: Vec<(Created, Verdict)> = pending
+                .iter()
+                .map(|c| {
+                    let verdict = facts.as_ref().map_or_else(
+                        || Verdict::Cancel("the StatefulSet is gone".into()),
+                        |f| decide::confirm_created(f, c.ordinal),
+                    );
+                    (c.clone(), verdict)
+                })
+                .collect();
+            let on = facts.as_ref().unwrap_or(&observed.set);
+            let runs: Vec<(u32, Record)> = verdicts
+                .iter()
+                .filter(|(_, v)| *v == Verdict::Run)
+                .map(|(c, _)| {
+                    (
+                        c.ordinal,
+                        Record {
+                            pod: c.uid.clone(),
+                            claims: c.claims.clone(),
+                        },
+                    )
+                })
+                .collect();
+            let records = decide::next_records(on, observed, &runs);
+            match self.actor.settle(on, &records, &verdicts).await {
+                Err(Error::Contended(_)) if attempt < RECORD_TRIES => {
+                    pending.retain(|c| runs.iter().any(|(n, _)| *n == c.ordinal));
+                }
+                other => return other,
+            }
+        }
+        Ok(())
     }
 
     /// Cleanup pods in flight everywhere we watch: the cache, plus our creations it does not show yet.
@@ -89,7 +207,7 @@ impl Context {
         cached + created.len()
     }
 
-    fn observe_cached(&self, set: &StatefulSet) -> Observed {
+    fn observe_cached(&self, set: &StatefulSet, refusals: &BTreeMap<u32, Rejection>) -> Observed {
         let cleanup_pods = self.stores.cleanup_pods.state();
         observe::observe(
             set,
@@ -99,135 +217,158 @@ impl Context {
                 pods: &self.stores.pods.state(),
                 cleanups_in_flight: self.cleanups_in_flight(&cleanup_pods),
                 cleanup_pods: &cleanup_pods,
+                rejections: refusals.clone(),
+                read: SetRead::Cached,
                 now: Timestamp::now(),
             },
         )
     }
 
-    /// The same facts read from the API server instead of the caches; `None` if the set is gone
-    /// or was replaced by a new one with the same name.
-    async fn observe_live(&self, set: &StatefulSet) -> Result<Option<Observed>> {
-        let ns = set.namespace().unwrap_or_default();
-        let name = set.name_any();
-        let sets: Api<StatefulSet> = Api::namespaced(self.client.clone(), &ns);
+    /// The set read from the API server; `None` if it is gone or was replaced by a new one.
+    async fn get_set(&self, set: &SetFacts) -> Result<Option<StatefulSet>> {
+        let sets: Api<StatefulSet> = Api::namespaced(self.client.clone(), &set.namespace);
         let live = sets
-            .get_opt(&name)
+            .get_opt(&set.name)
             .await
-            .map_err(Error::kube("get statefulset", &name))?;
-        let Some(live) = live.filter(|l| l.uid() == set.uid()) else {
+            .map_err(Error::kube("get statefulset", &set.name))?;
+        Ok(live.filter(|l| l.uid().as_deref() == Some(set.uid.as_str())))
+    }
+
+    /// The facts with the set read live, and with `SetAndNamespace` the claims and pods of its
+    /// namespace too; `None` if the set is gone or was replaced.
+    async fn observe_live(
+        &self,
+        set: &StatefulSet,
+        depth: Confirm,
+        refusals: &BTreeMap<u32, Rejection>,
+    ) -> Result<Option<Observed>> {
+        let Some(live) = self.get_set(&observe::set_facts(set)).await? else {
             return Ok(None);
         };
-        let all = ListParams::default();
-        let sets_in_ns = arcs(
-            sets.list(&all)
-                .await
-                .map_err(Error::kube("list statefulsets", &ns))?
-                .items,
-        );
-        let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &ns);
-        let claims = arcs(
-            claims_api
-                .list_metadata(&all)
-                .await
-                .map_err(Error::kube("list claims", &ns))?
-                .items,
-        );
-        let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
-        let pods = arcs(
-            pods_api
-                .list_metadata(&all)
-                .await
-                .map_err(Error::kube("list pods", &ns))?
-                .items,
-        );
-        let cleanup_pods = arcs(
-            pods_api
-                .list(&ListParams::default().labels(naming::CLEANUP_LABEL))
-                .await
-                .map_err(Error::kube("list cleanup pods", &ns))?
-                .items,
-        );
-        let in_flight = self.cleanups_in_flight(&self.stores.cleanup_pods.state());
+        let cleanup_cache = self.stores.cleanup_pods.state();
+        let in_flight = self.cleanups_in_flight(&cleanup_cache);
+        let (claims, pods, cleanup_pods, read) = match depth {
+            Confirm::Set => (
+                self.stores.claims.state(),
+                self.stores.pods.state(),
+                cleanup_cache,
+                SetRead::LiveSet,
+            ),
+            Confirm::SetAndNamespace => {
+                let (claims, pods, cleanup) = self.list_namespace(&live).await?;
+                (claims, pods, cleanup, SetRead::LiveAll)
+            }
+        };
         Ok(Some(observe::observe(
             &live,
             &Sources {
-                sets: &sets_in_ns,
+                sets: &self.stores.sets.state(),
                 claims: &claims,
                 pods: &pods,
                 cleanup_pods: &cleanup_pods,
                 cleanups_in_flight: in_flight,
+                rejections: refusals.clone(),
+                read,
                 now: Timestamp::now(),
             },
         )))
     }
 
-    async fn reconcile_set(&self, set: &StatefulSet) -> Result<Action> {
-        self.stores.ready().await?;
-        if !self.leadership.may_write() {
-            // A standby only keeps its caches warm; it looks at every set when it becomes leader.
-            return Ok(Action::await_change());
-        }
-        let cached = self.observe_cached(set);
-        let plan = decide(&cached, &self.policy);
-        if !plan.needs_confirmation() {
-            let result = self.actor.execute(&cached.set, &plan).await;
-            return self.finish(&cached.set, plan.requeue_after, result).await;
-        }
-        // Creating a cleanup pod or releasing a deleted set: decide again on a live read, so that a
-        // scale-up that just happened wins and no claim or cleanup pod is overlooked.
-        let _one_at_a_time = self.confirm.lock().await;
-        let Some(live) = self.observe_live(set).await? else {
-            return Ok(Action::await_change());
-        };
-        let plan = decide(&live, &self.policy);
-        self.remember_creations(&live, &plan.steps);
-        let result = self.actor.execute(&live.set, &plan).await;
-        self.finish(&live.set, plan.requeue_after, result).await
+    #[allow(clippy::type_complexity)]
+    async fn list_namespace(
+        &self,
+        set: &StatefulSet,
+    ) -> Result<(
+        Vec<Arc<kube::core::PartialObjectMeta<PersistentVolumeClaim>>>,
+        Vec<Arc<Pod>>,
+        Vec<Arc<Pod>>,
+    )> {
+        let ns = set.namespace().unwrap_or_default();
+        let all = ListParams::default();
+        let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &ns);
+        let claims = claims_api
+            .list_metadata(&all)
+            .await
+            .map_err(Error::kube("list claims", &ns))?
+            .items;
+        let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        let mut pods = pods_api
+            .list(&all)
+            .await
+            .map_err(Error::kube("list pods", &ns))?
+            .items;
+        let cleanup: Vec<Pod> = pods
+            .iter()
+            .filter(|p| p.labels().contains_key(naming::CLEANUP_LABEL))
+            .cloned()
+            .collect();
+        pods.iter_mut().for_each(watch::prune_pod);
+        Ok((arcs(claims), arcs(pods), arcs(cleanup)))
     }
 
-    fn remember_creations(&self, live: &Observed, steps: &[Step]) {
-        let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
-        for step in steps {
-            if let Step::CreateCleanupPod { ordinal, .. } = step {
-                let key = (
-                    live.set.namespace.clone(),
-                    naming::pod_name(&live.set.name, *ordinal),
+    /// The refusals remembered for `set`, forgotten when its template annotation changed.
+    fn refusals(&self, set: &StatefulSet) -> BTreeMap<u32, Rejection> {
+        let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = memory.entry(ObjectRef::from(set)).or_default();
+        let template = template_hash(set);
+        if entry.template != template {
+            entry.template = template;
+            entry.refusals.clear();
+        }
+        entry.refusals.clone()
+    }
+
+    /// Remembers what the writes of this pass did: refused creations count up, created ones reset.
+    fn remember(&self, set: &StatefulSet, observed: &Observed, done: &Done) {
+        {
+            let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+            let entry = memory.entry(ObjectRef::from(set)).or_default();
+            for refusal in &done.refused {
+                let count = entry.refusals.get(&refusal.ordinal).map_or(0, |r| r.count);
+                entry.refusals.insert(
+                    refusal.ordinal,
+                    Rejection {
+                        count: count + 1,
+                        last: observed.now,
+                        code: refusal.code,
+                        message: refusal.message.clone(),
+                    },
                 );
-                created.insert(key, Instant::now());
+            }
+            for created in &done.created {
+                entry.refusals.remove(&created.ordinal);
             }
         }
+        let mut in_flight = self.created.lock().unwrap_or_else(|p| p.into_inner());
+        for created in &done.created {
+            let key = (observed.set.namespace.clone(), created.name.clone());
+            in_flight.insert(key, Instant::now());
+        }
     }
 
-    async fn finish(
-        &self,
-        set: &observe::SetFacts,
-        requeue: Option<Duration>,
-        result: Result<()>,
-    ) -> Result<Action> {
-        if let Err(err) = &result {
-            self.actor.report_rejection(set, err).await;
-        }
-        result?;
-        let after = requeue
-            .map_or(self.resync, |d| d.min(self.resync))
-            .max(Duration::from_millis(500));
-        Ok(Action::requeue(after))
+    /// Forgets a set's memory of failures after a good pass; returns the failure count after a bad one.
+    fn count_failure(&self, set: &StatefulSet, failed: bool) -> u32 {
+        let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = memory.entry(ObjectRef::from(set)).or_default();
+        entry.failures = if failed {
+            entry.failures.saturating_add(1)
+        } else {
+            0
+        };
+        entry.failures
     }
 }
 
 /// The reconciler handed to kube's Controller.
 pub async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action> {
     let started = Instant::now();
-    let result = ctx.reconcile_set(&set).await;
+    let result = ctx.pass(&set).await;
     ctx.metrics.reconciled(
         started.elapsed().as_secs_f64(),
-        result.as_ref().err().map(Error::category),
+        result.as_ref().err().map(|e| e.category().as_str()),
     );
     if result.is_ok() {
-        ctx.failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&ObjectRef::from(set.as_ref()));
+        ctx.count_failure(&set, false);
     }
     debug!(set = %set.name_any(), namespace = ?set.namespace(), ok = result.is_ok(), "reconciled");
     result
@@ -235,12 +376,10 @@ pub async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
 
 /// Capped exponential backoff per StatefulSet; other sets are not slowed down.
 pub fn error_policy(set: Arc<StatefulSet>, err: &Error, ctx: Arc<Context>) -> Action {
-    let mut failures = ctx.failures.lock().unwrap_or_else(|p| p.into_inner());
-    let n = failures.entry(ObjectRef::from(set.as_ref())).or_insert(0);
-    *n = n.saturating_add(1);
+    let n = ctx.count_failure(&set, true);
     let delay = ERROR_BACKOFF_BASE
-        .saturating_mul(2u32.saturating_pow(*n - 1))
+        .saturating_mul(2u32.saturating_pow(n.saturating_sub(1)))
         .min(ERROR_BACKOFF_MAX);
-    warn!(set = %set.name_any(), namespace = ?set.namespace(), category = err.category(), retry_in = ?delay, "reconcile failed: {err}");
+    warn!(set = %set.name_any(), namespace = ?set.namespace(), category = err.category().as_str(), retry_in = ?delay, "reconcile failed: {err}");
     Action::requeue(delay)
 }

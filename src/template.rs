@@ -36,13 +36,16 @@ pub enum TemplateError {
 
 impl TemplateError {
     /// The Event reason for this problem.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> crate::reason::Reason {
+        use crate::reason::Reason;
         match self {
-            TemplateError::Unparseable(_) | TemplateError::NotAPod(_) => "CleanupTemplateInvalid",
-            TemplateError::RestartPolicy(_) => "CleanupTemplateRestartPolicy",
-            TemplateError::SelectorOverlap { .. } => "CleanupTemplateSelectorOverlap",
-            TemplateError::VolumeClash(_) => "CleanupTemplateVolumeClash",
-            TemplateError::ForbiddenField(_) => "CleanupTemplateForbiddenField",
+            TemplateError::Unparseable(_) | TemplateError::NotAPod(_) => {
+                Reason::CleanupTemplateInvalid
+            }
+            TemplateError::RestartPolicy(_) => Reason::CleanupTemplateRestartPolicy,
+            TemplateError::SelectorOverlap { .. } => Reason::CleanupTemplateSelectorOverlap,
+            TemplateError::VolumeClash(_) => Reason::CleanupTemplateVolumeClash,
+            TemplateError::ForbiddenField(_) => Reason::CleanupTemplateForbiddenField,
         }
     }
 }
@@ -348,7 +351,7 @@ mod tests {
         for (raw, want) in cases {
             let got = parse(raw, &templates(), Some(&selector()))
                 .map(|_| ())
-                .map_err(|e| e.reason());
+                .map_err(|e| e.reason().as_str());
             assert_eq!(&got, want, "template {raw}");
         }
     }

@@ -19,7 +19,8 @@ use crate::naming;
 pub struct Stores {
     pub sets: Store<StatefulSet>,
     pub claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
-    pub pods: Store<PartialObjectMeta<Pod>>,
+    /// Every pod, pruned by `prune_pod` to what observe reads.
+    pub pods: Store<Pod>,
     pub cleanup_pods: Store<Pod>,
 }
 
@@ -97,6 +98,43 @@ pub fn sets_of_claim<K: Resource>(
         })
         .map(|s| ObjectRef::from(s.as_ref()))
         .collect()
+}
+
+/// Prunes a pod to what observe reads: identity, owners, our annotations and label, the claims it
+/// mounts, its node, our gate and its phase. The rest (containers, env, status details) is dropped
+/// so the cache of every pod in the cluster stays small.
+pub fn prune_pod(pod: &mut Pod) {
+    use k8s_openapi::api::core::v1::{PodSpec, PodStatus, Volume};
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, _| k == naming::OWNER_ANNOTATION || k == naming::ATTEMPT_ANNOTATION);
+    }
+    if let Some(labels) = meta.labels.as_mut() {
+        labels.retain(|k, _| k == naming::CLEANUP_LABEL);
+    }
+    let spec = pod.spec.take().map(|spec| PodSpec {
+        volumes: spec.volumes.map(|vs| {
+            vs.into_iter()
+                .filter(|v| v.persistent_volume_claim.is_some())
+                .map(|v| Volume {
+                    name: v.name,
+                    persistent_volume_claim: v.persistent_volume_claim,
+                    ..Default::default()
+                })
+                .collect()
+        }),
+        node_name: spec.node_name,
+        scheduling_gates: spec.scheduling_gates,
+        ..Default::default()
+    });
+    pod.spec = spec;
+    pod.status = pod.status.take().map(|status| PodStatus {
+        phase: status.phase,
+        reason: status.reason,
+        start_time: status.start_time,
+        ..Default::default()
+    });
 }
 
 /// Drops what we never read, so the caches stay small.

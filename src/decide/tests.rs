@@ -8,7 +8,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::*;
 use crate::observe::{
-    ClaimFacts, CleanupFacts, Failure, Observed, OrdinalFacts, Phase, PodFacts, PodRole, SetFacts,
+    ClaimFacts, CleanupFacts, Failure, Observed, OrdinalFacts, Phase, PodFacts, PodRole, Record,
+    Rejection, SetFacts, SetRead,
 };
 
 const TEMPLATE: &str = r#"{"metadata":{"labels":{"app":"web-cleanup"}},
@@ -18,7 +19,9 @@ fn t0() -> Timestamp {
     "2026-11-20T12:00:00Z".parse().expect("timestamp")
 }
 
-/// StatefulSet `web` in `ns`, opted in, finalizer present, OrderedReady, claim template `data`.
+/// StatefulSet `web` in `ns`, opted in, finalizer present, OrderedReady, claim template `data`,
+/// read live (the tables below show what a confirmed pass does; `cached_reads_ask_for_a_live_read`
+/// shows what a pass from the cache does).
 fn web(replicas: u32) -> Observed {
     Observed {
         set: SetFacts {
@@ -26,6 +29,9 @@ fn web(replicas: u32) -> Observed {
             name: "web".into(),
             uid: "uid-web".into(),
             resource_version: "7".into(),
+            generation: 3,
+            record_raw: None,
+            records: BTreeMap::new(),
             finalizers: vec![naming::FINALIZER.into()],
             deleting: false,
             template: Some(TEMPLATE.into()),
@@ -42,6 +48,8 @@ fn web(replicas: u32) -> Observed {
         },
         ordinals: BTreeMap::new(),
         cleanups_in_flight: 0,
+        rejections: BTreeMap::new(),
+        read: SetRead::LiveAll,
         now: t0(),
     }
 }
@@ -54,6 +62,7 @@ fn claim(template: &str, ordinal: u32) -> ClaimFacts {
         deleting: false,
         next_attempt: None,
         wanted_by_other: None,
+        used_by: Vec::new(),
     }
 }
 
@@ -74,11 +83,9 @@ fn cleanup(ordinal: u32, phase: Phase, attempt: u32) -> PodFacts {
         role: PodRole::Cleanup(CleanupFacts {
             phase,
             attempt,
-            claims: [(
-                format!("data-web-{ordinal}"),
-                Some(format!("uid-data-{ordinal}")),
-            )]
-            .into(),
+            claims: [(format!("data-web-{ordinal}"), format!("uid-data-{ordinal}"))].into(),
+            gated: false,
+            scheduled: true,
             failure: (phase == Phase::Failed).then(|| Failure {
                 reason: "Error".into(),
                 exit_code: Some(1),
@@ -108,7 +115,18 @@ fn with_claims(
     o
 }
 
+/// Puts `pod` at `ordinal`; a cleanup pod is also recorded on the set, as the controller does when
+/// it confirms one it created.
 fn set_pod(o: &mut Observed, ordinal: u32, pod: PodFacts) {
+    if let PodRole::Cleanup(c) = &pod.role {
+        o.set.records.insert(
+            ordinal,
+            Record {
+                pod: pod.uid.clone(),
+                claims: c.claims.clone(),
+            },
+        );
+    }
     o.ordinals.entry(ordinal).or_default().pod = Some(pod);
 }
 
@@ -130,7 +148,16 @@ fn summary(plan: &Plan) -> Vec<String> {
             Step::DeleteClaim { name, uid } => format!("delete-claim {name} {uid}"),
             Step::DeleteCleanupPod { name, why, .. } => format!("delete-cleanup {name} {why:?}"),
             Step::MarkNextAttempt { claim, attempt, .. } => format!("mark {claim} {attempt:?}"),
-            Step::Event(e) => format!("{} {}", if e.warning { "warn" } else { "event" }, e.reason),
+            Step::Release { name, .. } => format!("release {name}"),
+            Step::Event(e) => format!(
+                "{} {}",
+                if e.reason.is_warning() {
+                    "warn"
+                } else {
+                    "event"
+                },
+                e.reason
+            ),
         })
         .collect()
 }
@@ -419,16 +446,22 @@ fn completion_table() {
         ..
     }) = two_templates.ordinals.entry(2).or_default().pod.as_mut()
     {
-        c.claims
-            .insert("logs-web-2".into(), Some("uid-logs-2".into()));
+        c.claims.insert("logs-web-2".into(), "uid-logs-2".into());
     }
-    let mut go_original = succeeded(with_claims(web(2), 0..3, 0..2));
+    let mut in_use = succeeded(with_claims(web(2), 0..3, 0..2));
+    in_use.ordinals.entry(2).or_default().claims[0].used_by = vec!["debug-pod".into()];
+    let mut record_names_other_claim = succeeded(with_claims(web(2), 0..3, 0..2));
     if let Some(PodFacts {
         role: PodRole::Cleanup(c),
         ..
-    }) = go_original.ordinals.entry(2).or_default().pod.as_mut()
+    }) = record_names_other_claim
+        .ordinals
+        .entry(2)
+        .or_default()
+        .pod
+        .as_mut()
     {
-        c.claims = [("data-web-2".to_string(), None)].into();
+        c.claims = [("data-web-0".to_string(), "uid-data-0".to_string())].into();
     }
 
     let cases: Vec<(&str, Observed, Vec<&str>)> = vec![
@@ -466,23 +499,22 @@ fn completion_table() {
             ],
         ),
         (
-            "scaled up during cleanup: claims first, then the name lock goes",
+            "scaled up during cleanup: the claims are kept, the name lock goes",
             scaled_up,
             vec![
-                "event CleanupSuccess",
-                "event ScaledUpDuringCleanup",
-                "delete-claim data-web-2 uid-data-2",
-                "delete-cleanup web-2 Completed",
+                "warn ScaledUpDuringCleanup",
+                "delete-cleanup web-2 ScaledUp",
             ],
         ),
         (
-            "pod of the Go original (no recorded UIDs)",
-            go_original,
-            vec![
-                "event CleanupSuccess",
-                "delete-claim data-web-2 uid-data-2",
-                "delete-cleanup web-2 Completed",
-            ],
+            "a claim mounted by another pod waits, and so does the pod",
+            in_use,
+            vec!["warn ClaimInUse"],
+        ),
+        (
+            "only claims of the pod's own ordinal are ever deleted",
+            record_names_other_claim,
+            vec!["event CleanupSuccess", "delete-cleanup web-2 Completed"],
         ),
     ];
     for (name, o, want) in cases {
@@ -706,12 +738,176 @@ fn deletion_table() {
 }
 
 #[test]
-fn confirmation_is_required_for_creations_and_releases() {
-    assert!(decide(&with_claims(web(2), 0..3, 0..2), &Policy::default()).needs_confirmation());
+fn cached_reads_ask_for_a_live_read_before_deleting_or_releasing() {
+    let cached = |mut o: Observed| {
+        o.read = SetRead::Cached;
+        o
+    };
+    let policy = Policy::default();
+    let creation = decide(&cached(with_claims(web(2), 0..3, 0..2)), &policy);
+    assert_eq!(
+        summary(&creation),
+        ["create web-2#1"],
+        "creations are confirmed after the create"
+    );
+    assert_eq!(creation.confirm, None);
+
+    let mut succeeded = with_claims(web(2), 0..3, 0..2);
+    set_pod(&mut succeeded, 2, cleanup(2, Phase::Succeeded, 1));
+    let p = decide(&cached(succeeded.clone()), &policy);
+    assert_eq!((summary(&p), p.confirm), (vec![], Some(Confirm::Set)));
+    succeeded.read = SetRead::LiveSet;
+    assert!(
+        summary(&decide(&succeeded, &policy))
+            .contains(&"delete-claim data-web-2 uid-data-2".to_string())
+    );
+
     let mut release = with_claims(web(3), 0..0, 0..0);
     release.set.deleting = true;
-    assert!(decide(&release, &Policy::default()).needs_confirmation());
-    assert!(!decide(&with_claims(web(3), 0..3, 0..3), &Policy::default()).needs_confirmation());
+    let p = decide(&cached(release.clone()), &policy);
+    assert_eq!(
+        (summary(&p), p.confirm),
+        (vec![], Some(Confirm::SetAndNamespace))
+    );
+    release.read = SetRead::LiveSet;
+    let p = decide(&release, &policy);
+    assert_eq!(
+        p.confirm,
+        Some(Confirm::SetAndNamespace),
+        "the namespace must be read live too"
+    );
+    assert!(p.steps.is_empty());
+
+    let steady = decide(&cached(with_claims(web(3), 0..3, 0..3)), &policy);
+    assert_eq!((steady.steps.len(), steady.confirm), (0, None));
+}
+
+#[test]
+fn look_alikes_are_never_cleanups() {
+    let forged = |gated: bool, replicas: u32| {
+        let mut o = with_claims(web(replicas), 0..3, 0..2);
+        set_pod(
+            &mut o,
+            2,
+            PodFacts {
+                name: "web-2".into(),
+                uid: "uid-forged".into(),
+                deleting: false,
+                role: PodRole::Unproven { gated },
+            },
+        );
+        o
+    };
+    assert_eq!(plan(&forged(false, 2)), ["warn UnprovenCleanupPod"]);
+    assert_eq!(
+        plan(&forged(true, 2)),
+        ["warn UnprovenCleanupPod", "delete-cleanup web-2 NeverRan"]
+    );
+    assert_eq!(
+        plan(&forged(false, 3)),
+        ["warn UnprovenCleanupPod"],
+        "wanted ordinal"
+    );
+    let mut cached = forged(false, 2);
+    cached.read = SetRead::Cached;
+    assert_eq!(
+        decide(&cached, &Policy::default()).confirm,
+        Some(Confirm::Set)
+    );
+}
+
+#[test]
+fn recorded_but_gated_pods_are_released_or_cancelled_on_a_live_read() {
+    let gated = |replicas: u32| {
+        let mut o = with_claims(web(replicas), 0..3, 0..2);
+        let mut pod = cleanup(2, Phase::Pending, 1);
+        if let PodRole::Cleanup(c) = &mut pod.role {
+            c.gated = true;
+            c.scheduled = false;
+        }
+        set_pod(&mut o, 2, pod);
+        o
+    };
+    assert_eq!(plan(&gated(2)), ["release web-2"]);
+    assert_eq!(
+        plan(&gated(3)),
+        ["event CleanupCancelled", "delete-cleanup web-2 NeverRan"]
+    );
+}
+
+#[test]
+fn confirm_created_runs_only_orphaned_ordinals_of_opted_in_sets() {
+    let o = web(2);
+    assert_eq!(confirm_created(&o.set, 2), Verdict::Run);
+    assert!(matches!(confirm_created(&o.set, 1), Verdict::Cancel(_)));
+    let mut opted_out = o.set.clone();
+    opted_out.template = None;
+    assert!(matches!(confirm_created(&opted_out, 2), Verdict::Cancel(_)));
+    let mut deleting = o.set.clone();
+    deleting.deleting = true;
+    assert_eq!(confirm_created(&deleting, 0), Verdict::Run);
+}
+
+#[test]
+fn stuck_pending_pods_are_reported_once_past_the_timeout() {
+    let pending = |minutes: i64| {
+        let mut o = with_claims(web(2), 0..3, 0..2);
+        let mut pod = cleanup(2, Phase::Pending, 1);
+        if let PodRole::Cleanup(c) = &mut pod.role {
+            c.created = Some(t0());
+            c.scheduled = false;
+        }
+        set_pod(&mut o, 2, pod);
+        o.now = t0()
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_mins(minutes))
+            .expect("time");
+        o
+    };
+    let early = decide(&pending(4), &Policy::default());
+    assert_eq!(summary(&early), Vec::<String>::new());
+    assert_eq!(early.requeue_after, Some(Duration::from_secs(360)));
+    assert_eq!(plan(&pending(11)), ["warn CleanupPodStuck"]);
+}
+
+#[test]
+fn refused_creations_back_off_then_give_up() {
+    let refused = |count: u32, seconds_later: i64| {
+        let mut o = with_claims(web(2), 0..3, 0..2);
+        o.rejections.insert(
+            2,
+            Rejection {
+                count,
+                last: t0(),
+                code: 403,
+                message: "exceeded quota".into(),
+            },
+        );
+        o.now = t0()
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(seconds_later))
+            .expect("time");
+        o
+    };
+    let waiting = decide(&refused(1, 4), &Policy::default());
+    assert_eq!(summary(&waiting), Vec::<String>::new());
+    assert_eq!(waiting.requeue_after, Some(Duration::from_secs(6)));
+    assert_eq!(plan(&refused(1, 10)), ["create web-2#1"]);
+    assert_eq!(plan(&refused(3, 10_000)), ["warn CleanupGaveUp"]);
+}
+
+#[test]
+fn next_records_keep_active_ordinals_and_add_new_ones() {
+    let mut o = with_claims(web(1), 0..3, 0..1);
+    let old = Record {
+        pod: "old".into(),
+        claims: BTreeMap::new(),
+    };
+    o.set.records = [(2, old.clone()), (7, old.clone())].into();
+    let new = Record {
+        pod: "new".into(),
+        claims: BTreeMap::new(),
+    };
+    let records = next_records(&o.set, &o, &[(1, new.clone())]);
+    assert_eq!(records, [(1, new), (2, old)].into());
 }
 
 #[test]
