@@ -102,23 +102,22 @@ impl Actor {
         }
     }
 
-    /// Carries out `plan` for `set`, stopping at the first failed write.
-    pub async fn execute(&self, set: &SetFacts, plan: &Plan) -> Result<Done> {
-        let mut done = Done::default();
+    /// Carries out `plan` for `set`, stopping at the first failed write. What was done before a
+    /// failure (cleanup pods created, creations refused) is in `done` either way, so the pass can
+    /// still settle the pods it created.
+    pub async fn execute(&self, set: &SetFacts, plan: &Plan, done: &mut Done) -> Result<()> {
         for step in &plan.steps {
             // Checked right before every write: a leader past its renew deadline stops mid-plan.
             if !self.leadership.may_write() {
                 return Err(Error::NotLeader);
             }
-            if let Step::Event(event) = step {
-                self.publish(set, event, None).await;
-            } else if self.dry_run {
+            if self.dry_run && !matches!(step, Step::Event(_)) {
                 self.dry_run_step(set, step).await;
             } else {
-                self.write(set, step, &mut done).await?;
+                self.carry_out(set, step, done).await?;
             }
         }
-        Ok(done)
+        Ok(())
     }
 
     async fn dry_run_step(&self, set: &SetFacts, step: &Step) {
@@ -132,9 +131,13 @@ impl Actor {
         self.publish(set, &event, None).await;
     }
 
-    async fn write(&self, set: &SetFacts, step: &Step, done: &mut Done) -> Result<()> {
+    async fn carry_out(&self, set: &SetFacts, step: &Step, done: &mut Done) -> Result<()> {
         let ns = set.namespace.as_str();
         match step {
+            Step::Event(event) => {
+                self.publish(set, event, None).await;
+                Ok(())
+            }
             Step::SetFinalizers {
                 finalizers,
                 resource_version,
@@ -205,7 +208,6 @@ impl Actor {
                 uid,
                 attempt,
             } => self.mark_next_attempt(ns, claim, uid, *attempt).await,
-            Step::Event(_) => Ok(()),
         }
     }
 

@@ -114,9 +114,12 @@ impl Context {
         let Some((observed, plan)) = self.confirm(set, cached, plan, &refusals).await? else {
             return Ok(Action::await_change());
         };
-        let done = self.actor.execute(&observed.set, &plan).await?;
+        let mut done = Done::default();
+        let executed = self.actor.execute(&observed.set, &plan, &mut done).await;
         self.remember(set, &observed, &done);
+        // Pods created before a failed step are settled all the same.
         self.settle(&observed, done.created).await?;
+        executed?;
         let after = plan
             .requeue_after
             .map_or(self.resync, |d| d.min(self.resync))
