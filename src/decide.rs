@@ -202,7 +202,7 @@ pub fn decide(o: &Observed, policy: &Policy) -> Plan {
                 Err(e) => {
                     plan.event(
                         true,
-                        e.reason(),
+                        e.reason().as_str(),
                         e.to_string(),
                         format!("{e}; no cleanup pod is created until the annotation is fixed"),
                     );
@@ -447,14 +447,21 @@ fn create_cleanup_pods(
             .filter_map(|c| c.next_attempt)
             .max()
             .unwrap_or(1);
-        let pod = template.render(&Target {
+        let pod = match template.render(&Target {
             namespace: &set.namespace,
             set: &set.name,
             ordinal,
             replicas: set.replicas,
             attempt,
             volumes,
-        });
+        }) {
+            Ok(pod) => pod,
+            Err(e) => {
+                let note = format!("{e}; no cleanup pod is created for ordinal {ordinal}");
+                plan.event(true, e.reason().as_str(), e.to_string(), note);
+                continue;
+            }
+        };
         plan.steps.push(Step::CreateCleanupPod {
             ordinal,
             attempt,
