@@ -7,6 +7,8 @@
 
 mod decode;
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests;
 
 use std::collections::BTreeMap;
