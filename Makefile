@@ -4,10 +4,12 @@ SHELL := bash
 CARGO ?= cargo
 # e2e tests mostly wait on the cluster; run several at once even on 2 cores.
 E2E_THREADS ?= 4
+# Inputs of `make fuzz` (`make unit` runs the same harness with its default of 100,000).
+FUZZ_CASES ?= 1000000
 # The image, named in one place; artifacts/*.yaml use the same (a test checks it).
 IMAGE ?= ghcr.io/statefulset-scaledown/statefulset-scaledown-controller:0.1.0
 
-.PHONY: test fmt-check clippy unit e2e control-plane cluster-up cluster-down demo build image
+.PHONY: test fmt-check clippy unit fuzz e2e control-plane cluster-up cluster-down demo build image
 
 ## test: formatting, lints, unit tests, then e2e tests on the local control plane
 test: fmt-check clippy unit e2e
@@ -20,6 +22,10 @@ clippy:
 
 unit:
 	$(CARGO) test --locked --lib --bins
+
+## fuzz: the template parser fuzz harness with FUZZ_CASES inputs; prints the count and peak RSS
+fuzz:
+	FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test --locked --lib template::fuzz -- --nocapture
 
 ## e2e: starts the local control plane if none runs, runs tests/e2e_*.rs, stops what it started
 e2e:

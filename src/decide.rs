@@ -601,7 +601,7 @@ fn create_one(
         attempt,
         volumes,
     };
-    match render(template, &target) {
+    match template.render(&target) {
         Ok(pod) => {
             let claims = target
                 .volumes
@@ -621,13 +621,6 @@ fn create_one(
             format!("{e}; no cleanup pod is created until the annotation is fixed"),
         ),
     }
-}
-
-fn render(
-    template: &template::CleanupTemplate,
-    target: &Target<'_>,
-) -> Result<Value, template::TemplateError> {
-    Ok(template.render(target))
 }
 
 /// Nobody deletes the pods of a set held by a finalizer: we do, the way a scale to zero would.

@@ -1,0 +1,398 @@
+//! The cleanup pod template: parse and validate the user's annotation, render one cleanup pod.
+//!
+//! The template stays a JSON value from parse to API call. It is type-checked against the Pod schema
+//! we compile against, but what reaches the API server is the user's JSON with our additions, so
+//! fields newer than our bindings pass through unchanged. Pure: no IO, no clock. Bounded: parsing
+//! and rendering stay within the limits of [`decode`] whatever the annotation holds.
+
+mod decode;
+#[cfg(test)]
+mod fuzz;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::core::{Selector, SelectorExt};
+use serde_json::{Map, Value, json};
+
+pub use self::decode::{
+    MAX_ALIASES, MAX_ANCHORS, MAX_DEPTH, MAX_DOCUMENTS, MAX_EVENTS, MAX_INPUT_BYTES,
+    MAX_MERGE_KEYS, MAX_NODES, MAX_POD_BYTES, MAX_REPLAYED_EVENTS, MAX_SCALAR_BYTES,
+};
+use crate::naming;
+use crate::reason::Reason;
+
+/// Everything that can be wrong with a template. Each variant is one Warning Event reason. Every
+/// message is short (user text in it is clipped), so it fits an Event and a log line.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    #[error("the annotation is neither JSON nor YAML: {0}")]
+    Unparseable(String),
+    #[error("the template is not a pod: {0}")]
+    NotAPod(String),
+    /// The policy, quoted and clipped.
+    #[error("restartPolicy {0} is not allowed: use OnFailure (the default) or Never")]
+    RestartPolicy(String),
+    #[error(
+        "the cleanup pod's labels {labels} match the StatefulSet's selector, so the StatefulSet controller would adopt and delete it"
+    )]
+    SelectorOverlap { labels: String },
+    /// The volume name, quoted and clipped.
+    #[error(
+        "volume {0} has the name of a claim template but is not a persistentVolumeClaim volume"
+    )]
+    VolumeClash(String),
+    #[error("field {0} may not be set in a cleanup pod template")]
+    ForbiddenField(&'static str),
+    /// The annotation, or the pod rendered from it, is over a size limit.
+    #[error("{what} is {size} bytes, over the limit of {limit} bytes")]
+    TooLarge {
+        what: &'static str,
+        size: usize,
+        limit: usize,
+    },
+    /// The YAML is over one of the parser's limits (named in the message).
+    #[error("the template is over a YAML parser limit: {0}")]
+    OverBudget(String),
+}
+
+impl TemplateError {
+    /// The Event reason for this problem.
+    pub fn reason(&self) -> Reason {
+        match self {
+            TemplateError::Unparseable(_) | TemplateError::NotAPod(_) => {
+                Reason::CleanupTemplateInvalid
+            }
+            TemplateError::RestartPolicy(_) => Reason::CleanupTemplateRestartPolicy,
+            TemplateError::SelectorOverlap { .. } => Reason::CleanupTemplateSelectorOverlap,
+            TemplateError::VolumeClash(_) => Reason::CleanupTemplateVolumeClash,
+            TemplateError::ForbiddenField(_) => Reason::CleanupTemplateForbiddenField,
+            TemplateError::TooLarge { .. } | TemplateError::OverBudget(_) => {
+                Reason::CleanupTemplateTooLarge
+            }
+        }
+    }
+}
+
+/// Bytes of user or parser text kept in an error message.
+const MAX_SHOWN: usize = 200;
+
+/// `text`, cut to at most [`MAX_SHOWN`] bytes at a character boundary.
+fn clip(text: &str) -> String {
+    if text.len() <= MAX_SHOWN {
+        return text.to_string();
+    }
+    let mut end = MAX_SHOWN;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// `text` quoted and escaped as Rust's Debug does, then clipped.
+fn quoted(text: &str) -> String {
+    clip(&format!("{text:?}"))
+}
+
+/// A template that passed validation against one StatefulSet.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CleanupTemplate {
+    pod: Map<String, Value>,
+}
+
+/// What the rendered pod is for: one ordinal of one StatefulSet, and the claims it mounts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target<'a> {
+    pub namespace: &'a str,
+    pub set: &'a str,
+    pub ordinal: u32,
+    pub replicas: u32,
+    pub attempt: u32,
+    /// One entry per claim template, in template order: the template name and, when the claim
+    /// exists and is not being deleted, its name and UID. A missing claim is mounted as an empty
+    /// directory so the template's volumeMounts stay valid.
+    pub volumes: Vec<(&'a str, Option<(&'a str, &'a str)>)>,
+}
+
+/// Parses and validates `raw` for a StatefulSet with these claim templates and selector.
+///
+/// A template that passes renders, for any target of this set with names of legal lengths, a pod
+/// within [`MAX_POD_BYTES`]: the check renders it once for the longest such names.
+pub fn parse(
+    raw: &str,
+    claim_templates: &[String],
+    selector: Option<&LabelSelector>,
+) -> Result<CleanupTemplate, TemplateError> {
+    let Value::Object(pod) = decode::decode(raw)? else {
+        return Err(TemplateError::NotAPod(
+            "expected a mapping with metadata and spec".into(),
+        ));
+    };
+    check_kind(&pod)?;
+    // Type-check against the Pod schema; unknown fields are ignored here and kept in `pod`.
+    let typed: Pod = serde_json::from_value(Value::Object(pod.clone()))
+        .map_err(|e| TemplateError::NotAPod(clip(&e.to_string())))?;
+    let spec = typed
+        .spec
+        .ok_or_else(|| TemplateError::NotAPod("spec is missing".into()))?;
+    if spec.containers.is_empty() {
+        return Err(TemplateError::NotAPod("spec.containers is empty".into()));
+    }
+    match spec.restart_policy.as_deref() {
+        None | Some("") | Some("OnFailure") | Some("Never") => {}
+        Some(other) => return Err(TemplateError::RestartPolicy(quoted(other))),
+    }
+    let meta = typed.metadata;
+    if meta.owner_references.is_some_and(|o| !o.is_empty()) {
+        return Err(TemplateError::ForbiddenField("metadata.ownerReferences"));
+    }
+    if meta.finalizers.is_some_and(|f| !f.is_empty()) {
+        return Err(TemplateError::ForbiddenField("metadata.finalizers"));
+    }
+    for volume in spec.volumes.iter().flatten() {
+        if claim_templates.contains(&volume.name) && volume.persistent_volume_claim.is_none() {
+            return Err(TemplateError::VolumeClash(quoted(&volume.name)));
+        }
+    }
+    if let Some(selector) = selector {
+        check_selector(selector, meta.labels.unwrap_or_default())?;
+    }
+    let template = CleanupTemplate { pod };
+    template.render(&longest_target(claim_templates).as_target())?;
+    Ok(template)
+}
+
+fn check_kind(pod: &Map<String, Value>) -> Result<(), TemplateError> {
+    match pod.get("kind") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(k)) if k == "Pod" => {}
+        Some(other) => {
+            return Err(TemplateError::NotAPod(clip(&format!(
+                "kind is {other}, not Pod"
+            ))));
+        }
+    }
+    match pod.get("apiVersion") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(v)) if v == "v1" => Ok(()),
+        Some(other) => Err(TemplateError::NotAPod(clip(&format!(
+            "apiVersion is {other}, not v1"
+        )))),
+    }
+}
+
+/// Refuses labels that the StatefulSet's selector would select.
+fn check_selector(
+    selector: &LabelSelector,
+    mut labels: BTreeMap<String, String>,
+) -> Result<(), TemplateError> {
+    // The cleanup label's value differs per ordinal; any value shows whether it could match.
+    labels.insert(naming::CLEANUP_LABEL.into(), "x".into());
+    if !selects(selector, &labels) {
+        return Ok(());
+    }
+    let shown = labels
+        .iter()
+        .filter(|(k, _)| k.as_str() != naming::CLEANUP_LABEL)
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    Err(TemplateError::SelectorOverlap {
+        labels: clip(&format!("{{{shown}}}")),
+    })
+}
+
+/// Whether `selector` selects `labels`. A selector we cannot evaluate is treated as selecting, so
+/// that an unusual selector blocks cleanup pods instead of letting the StatefulSet adopt them.
+fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    match Selector::try_from(selector.clone()) {
+        Ok(s) => s.matches(labels),
+        Err(_) => true,
+    }
+}
+
+/// The names of the largest target a set with these claim templates can have: namespace and set
+/// names of 63 characters (the limit of a label value, which the pod name is), the widest ordinal
+/// and replica count, every claim present.
+struct LongestTarget<'a> {
+    namespace: String,
+    claims: Vec<(&'a str, String)>,
+}
+
+const UID_SHAPE: &str = "00000000-0000-0000-0000-000000000000";
+
+fn longest_target(claim_templates: &[String]) -> LongestTarget<'_> {
+    let namespace = "n".repeat(63);
+    let claims = claim_templates
+        .iter()
+        .map(|t| (t.as_str(), naming::claim_name(t, &namespace, u32::MAX)))
+        .collect();
+    LongestTarget { namespace, claims }
+}
+
+impl LongestTarget<'_> {
+    fn as_target(&self) -> Target<'_> {
+        Target {
+            namespace: &self.namespace,
+            set: &self.namespace,
+            ordinal: u32::MAX,
+            replicas: u32::MAX,
+            attempt: u32::MAX,
+            volumes: self
+                .claims
+                .iter()
+                .map(|(t, claim)| (*t, Some((claim.as_str(), UID_SHAPE))))
+                .collect(),
+        }
+    }
+}
+
+impl CleanupTemplate {
+    /// The cleanup pod for `target`, as the JSON object to send to the API server. It carries the
+    /// scheduling gate [`naming::CONFIRM_GATE`], so it cannot start before it is confirmed.
+    /// Refused when its JSON is over [`MAX_POD_BYTES`].
+    pub fn render(&self, target: &Target<'_>) -> Result<Value, TemplateError> {
+        let mut pod = self.pod.clone();
+        pod.insert("apiVersion".into(), json!("v1"));
+        pod.insert("kind".into(), json!("Pod"));
+        pod.remove("status");
+        render_metadata(object_entry(&mut pod, "metadata"), target);
+        render_spec(object_entry(&mut pod, "spec"), target);
+        let pod = Value::Object(pod);
+        let size = json_size(&pod);
+        if size > MAX_POD_BYTES {
+            return Err(TemplateError::TooLarge {
+                what: "the rendered cleanup pod",
+                size,
+                limit: MAX_POD_BYTES,
+            });
+        }
+        Ok(pod)
+    }
+}
+
+fn render_metadata(meta: &mut Map<String, Value>, target: &Target<'_>) {
+    let name = naming::pod_name(target.set, target.ordinal);
+    for server_owned in [
+        "generateName",
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+    ] {
+        meta.remove(server_owned);
+    }
+    meta.insert("name".into(), json!(name));
+    meta.insert("namespace".into(), json!(target.namespace));
+    object_entry(meta, "labels").insert(naming::CLEANUP_LABEL.into(), json!(name));
+    let claims: BTreeMap<&str, &str> = target
+        .volumes
+        .iter()
+        .filter_map(|(_, claim)| *claim)
+        .collect();
+    let annotations = object_entry(meta, "annotations");
+    annotations.insert(naming::OWNER_ANNOTATION.into(), json!(target.set));
+    annotations.insert(
+        naming::ATTEMPT_ANNOTATION.into(),
+        json!(target.attempt.to_string()),
+    );
+    annotations.insert(
+        naming::CLAIMS_ANNOTATION.into(),
+        json!(serde_json::to_string(&claims).unwrap_or_default()),
+    );
+}
+
+fn render_spec(spec: &mut Map<String, Value>, target: &Target<'_>) {
+    let policy = spec
+        .get("restartPolicy")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if policy.is_empty() {
+        spec.insert("restartPolicy".into(), json!("OnFailure"));
+    }
+    let env = [
+        (naming::ENV_STATEFULSET, target.set.to_string()),
+        (naming::ENV_NAMESPACE, target.namespace.to_string()),
+        (naming::ENV_ORDINAL, target.ordinal.to_string()),
+        (naming::ENV_REPLICAS, target.replicas.to_string()),
+    ];
+    for list in ["initContainers", "containers"] {
+        if let Some(Value::Array(containers)) = spec.get_mut(list) {
+            for container in containers.iter_mut().filter_map(Value::as_object_mut) {
+                set_env(container, &env);
+            }
+        }
+    }
+    let volumes = array_entry(spec, "volumes");
+    for (template, claim) in &target.volumes {
+        volumes.retain(|v| v.get("name").and_then(Value::as_str) != Some(template));
+        volumes.push(match claim {
+            Some((claim, _)) => {
+                json!({"name": template, "persistentVolumeClaim": {"claimName": claim}})
+            }
+            None => json!({"name": template, "emptyDir": {}}),
+        });
+    }
+    // Our gate once, after the template's own gates (which stay; their owners remove them).
+    let gates = array_entry(spec, "schedulingGates");
+    gates.retain(|g| g.get("name").and_then(Value::as_str) != Some(naming::CONFIRM_GATE));
+    gates.push(json!({"name": naming::CONFIRM_GATE}));
+}
+
+fn set_env(container: &mut Map<String, Value>, env: &[(&str, String)]) {
+    let list = array_entry(container, "env");
+    list.retain(|e| {
+        let name = e.get("name").and_then(Value::as_str);
+        !env.iter().any(|(n, _)| Some(*n) == name)
+    });
+    list.extend(
+        env.iter()
+            .map(|(name, value)| json!({"name": name, "value": value})),
+    );
+}
+
+/// The length of `value` as compact JSON, counted without building the text.
+fn json_size(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        // A Value always serializes; should it not, treat it as too large rather than send it.
+        Err(_) => usize::MAX,
+    }
+}
+
+/// The object under `key`, created (or replacing a null or non-object) when needed.
+fn object_entry<'a>(map: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
+    let slot = map.entry(key).or_insert_with(|| json!({}));
+    if !slot.is_object() {
+        *slot = json!({});
+    }
+    match slot {
+        Value::Object(m) => m,
+        _ => unreachable!("just made an object"),
+    }
+}
+
+/// The array under `key`, created (or replacing a null or non-array) when needed.
+fn array_entry<'a>(map: &'a mut Map<String, Value>, key: &str) -> &'a mut Vec<Value> {
+    let slot = map.entry(key).or_insert_with(|| json!([]));
+    if !slot.is_array() {
+        *slot = json!([]);
+    }
+    match slot {
+        Value::Array(a) => a,
+        _ => unreachable!("just made an array"),
+    }
+}
