@@ -222,9 +222,19 @@ impl Actor {
         // The resourceVersion makes this a compare-and-swap: a concurrent change is a 409.
         let patch =
             json!({"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}});
-        api.patch(&set.name, &PatchParams::default(), &Patch::Merge(&patch))
+        match api
+            .patch(&set.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map_err(Error::kube("patch finalizers of statefulset", &set.name))?;
+        {
+            Ok(_) => {}
+            // Our cache was behind; the newer set is on its way through the watch and brings
+            // another pass, which decides again. Not a failure worth an error backoff.
+            Err(e) if is_status(&e, &[code::CONFLICT]) => {
+                debug!(set = %set.name, namespace = %set.namespace, "finalizer patch raced a change; the next pass retries");
+                return Ok(());
+            }
+            Err(e) => return Err(Error::kube("patch finalizers of statefulset", &set.name)(e)),
+        }
         let verb = if adding { "added" } else { "removed" };
         info!(set = %set.name, namespace = %set.namespace, "{verb} finalizer {}", naming::FINALIZER);
         Ok(())

@@ -19,6 +19,7 @@ use super::{
 
 pub const OWNER: &str = "statefulsets.kubernetes.io/scaledown-pod-owner";
 pub const FINALIZER: &str = "statefulsets.kubernetes.io/scaledown";
+pub const CONFIRM_GATE: &str = "statefulsets.kubernetes.io/scaledown-confirm";
 pub const HOLD: &str = "e2e.scaledown.io/hold";
 pub const LONG: Duration = Duration::from_secs(90);
 
@@ -337,15 +338,21 @@ impl Env {
     }
 
     /// The cleanup pod of `pod_name`, once it exists.
+    /// Waits for the cleanup pod `pod_name` to be confirmed: recorded and released from the
+    /// controller's scheduling gate (a pod still gated has not been confirmed and never ran).
     pub async fn wait_cleanup_pod(&self, pod_name: &str) -> Pod {
         let pods = self.pods();
-        super::wait_for_some(&format!("cleanup pod {pod_name}"), LONG, || async {
-            pods.get_opt(pod_name)
-                .await
-                .ok()
-                .flatten()
-                .filter(is_cleanup)
-        })
+        super::wait_for_some(
+            &format!("released cleanup pod {pod_name}"),
+            LONG,
+            || async {
+                pods.get_opt(pod_name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .filter(|p| is_cleanup(p) && !is_gated(p))
+            },
+        )
         .await
     }
 
@@ -408,6 +415,14 @@ impl Drop for Env {
             let _ = kubectl(&["patch", set, "--type=merge", "-p", patch]);
         }
     }
+}
+
+/// Whether the pod still carries the controller's confirm gate.
+pub fn is_gated(pod: &Pod) -> bool {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.scheduling_gates.iter().flatten())
+        .any(|g| g.name == CONFIRM_GATE)
 }
 
 pub fn is_cleanup(pod: &Pod) -> bool {
