@@ -132,24 +132,24 @@ async fn basic_scale_down_3_to_2() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn waits_for_a_slow_terminating_pod() {
-    let env = Env::new("slow-pod", 3, &[]).await;
+    let env = Env::new("slow-pod", 3, &["--resync-period", "2s"]).await;
     env.create_running(&SetSpec::new("web", 3, &env.class))
         .await;
     env.hold_pod("web-2", true).await;
+    let pods = env.record_pods().await;
     env.scale("web", 2).await;
-    wait_for("web-2 terminating", LONG, || async {
-        env.pods()
-            .get("web-2")
-            .await
-            .map(|p| p.metadata.deletion_timestamp.is_some())
-            .unwrap_or(false)
+    pods.wait_for("web-2 terminating", LONG, |s| {
+        s.name == "web-2" && s.deleting
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let pod = env.pods().get("web-2").await.expect("still there");
+    // The window: the controller looks at the set twice while web-2 terminates.
+    let controller = env.controller.as_ref().expect("controller");
+    controller.wait_reconciles(&env.ns.name, "web", 2).await;
+    let early = pods.matching(|s| s.name == "web-2" && s.annotations.contains_key(OWNER));
     assert!(
-        !is_cleanup(&pod),
-        "no cleanup pod while the stateful pod terminates"
+        early.is_empty(),
+        "no cleanup pod while the stateful pod terminates: {:?}",
+        early.iter().map(|s| &s.uid).collect::<Vec<_>>()
     );
     env.hold_pod("web-2", false).await;
     env.wait_cleanup_pod("web-2").await;
@@ -191,37 +191,38 @@ async fn ordered_4_to_1_one_cleanup_at_a_time() {
     let env = Env::new("ordered", 4, &[]).await;
     env.create_running(&SetSpec::new("web", 4, &env.class))
         .await;
+    let pods = env.record_pods().await;
     env.scale("web", 1).await;
-    let pods = env.pods();
-    let claims = env.claims();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut order = Vec::new();
-    loop {
-        assert!(
-            Instant::now() < deadline,
-            "cleanup of 3,2,1 did not finish; order so far {order:?}"
-        );
-        let running = cleanup_pods(&pods).await;
-        assert!(
-            running.len() <= 1,
-            "more than one cleanup pod at once: {:?}",
-            running.iter().map(|p| p.name_any()).collect::<Vec<_>>()
-        );
-        if let Some(p) = running.first()
-            && order.last() != Some(&p.name_any())
-        {
-            order.push(p.name_any());
+    for n in (1..4).rev() {
+        env.wait_claim_gone(&format!("data-web-{n}")).await;
+    }
+    let last = pods
+        .uids_of("web-1")
+        .into_iter()
+        .find(|uid| {
+            pods.first(|s| s.uid == *uid && s.annotations.contains_key(OWNER))
+                .is_some()
+        })
+        .expect("a cleanup pod web-1");
+    pods.wait_for("cleanup pod web-1 to be gone", LONG, |s| {
+        s.uid == last && s.gone()
+    })
+    .await;
+    // Everything the pod watch saw, in order: at most one cleanup pod existed at any moment.
+    let mut alive: Vec<String> = Vec::new();
+    let mut order: Vec<String> = Vec::new();
+    for s in pods.matching(|s| s.annotations.contains_key(OWNER)) {
+        if s.gone() {
+            alive.retain(|uid| *uid != s.uid);
+        } else if !alive.contains(&s.uid) {
+            alive.push(s.uid.clone());
+            order.push(s.name.clone());
         }
-        let left = claims
-            .list(&ListParams::default())
-            .await
-            .expect("claims")
-            .items
-            .len();
-        if left == 1 && running.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            alive.len() <= 1,
+            "more than one cleanup pod at once when {} appeared: {alive:?}",
+            s.name
+        );
     }
     assert_eq!(order, ["web-3", "web-2", "web-1"], "highest ordinal first");
 }
@@ -346,7 +347,9 @@ async fn two_sets_sharing_a_name_prefix() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_template_error_is_a_warning_and_no_pod() {
-    let env = Env::new("template-errors", 12, &[]).await;
+    let env = Env::new("template-errors", 12, &["--resync-period", "2s"]).await;
+    let pods = env.record_pods().await;
+    let claims = env.record_claims().await;
     let cases: Vec<(&str, String, &str)> = vec![
         ("bad-json", "{not json".into(), "CleanupTemplateInvalid"),
         ("not-a-pod", r#"{"spec":{"containers":"nope"}}"#.into(), "CleanupTemplateInvalid"),
@@ -368,15 +371,21 @@ async fn every_template_error_is_a_warning_and_no_pod() {
     for (name, _, reason) in &cases {
         env.wait_event(name, reason).await;
     }
-    // Give the controller time to (wrongly) act, then check nothing was touched.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The window: until every set was looked at twice more after its warning.
+    let controller = env.controller.as_ref().expect("controller");
+    for (name, _, _) in &cases {
+        controller.wait_reconciles(&env.ns.name, name, 2).await;
+    }
+    let created = pods.matching(|s| s.annotations.contains_key(OWNER));
     assert!(
-        cleanup_pods(&env.pods()).await.is_empty(),
-        "no cleanup pod for a bad template"
+        created.is_empty(),
+        "no cleanup pod for a bad template: {:?}",
+        created.iter().map(|s| &s.name).collect::<Vec<_>>()
     );
     for (name, _, reason) in &cases {
+        let claim = format!("data-{name}-1");
         assert!(
-            env.claim_uid(&format!("data-{name}-1")).await.is_some(),
+            claims.first(|s| s.name == claim && s.deleting).is_none(),
             "{name}: claim kept"
         );
         let count = env
@@ -400,7 +409,12 @@ async fn every_template_error_is_a_warning_and_no_pod() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn failing_cleanup_is_retried_then_given_up() {
-    let env = Env::new("failing", 2, &["--cleanup-attempts", "2"]).await;
+    let env = Env::new(
+        "failing",
+        2,
+        &["--cleanup-attempts", "2", "--resync-period", "2s"],
+    )
+    .await;
     let mut spec = SetSpec::new("web", 2, &env.class);
     spec.template = Some(template(
         json!({"sim.scaledown.io/outcome": "Failed"}),
@@ -408,6 +422,8 @@ async fn failing_cleanup_is_retried_then_given_up() {
         "Never",
     ));
     env.create_running(&spec).await;
+    let pods = env.record_pods().await;
+    let claims = env.record_claims().await;
     env.scale("web", 1).await;
     env.wait_event("web", "CleanupFailed").await;
     env.wait_event("web", "CleanupGaveUp").await;
@@ -419,16 +435,29 @@ async fn failing_cleanup_is_retried_then_given_up() {
         Some("2")
     );
     assert_eq!(support::pod_phase(&pod), Some("Failed"));
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The window: the controller looks at the set twice more after giving up.
+    let controller = env.controller.as_ref().expect("controller");
+    controller.wait_reconciles(&env.ns.name, "web", 2).await;
     assert!(
-        env.claim_uid("data-web-1").await.is_some(),
+        claims.first(|s| s.deleting).is_none(),
         "claims kept after a failure"
     );
+    let kept = pod.uid().expect("uid");
+    let cleanup_uids: Vec<String> = pods
+        .uids_of("web-1")
+        .into_iter()
+        .filter(|uid| {
+            pods.first(|s| s.uid == *uid && s.annotations.contains_key(OWNER))
+                .is_some()
+        })
+        .collect();
     assert_eq!(
-        env.pods().get("web-1").await.expect("still kept").uid(),
-        pod.uid(),
-        "no further attempt"
+        cleanup_uids.last(),
+        Some(&kept),
+        "no further attempt after giving up: {cleanup_uids:?}"
     );
+    assert_eq!(cleanup_uids.len(), 2, "two attempts: {cleanup_uids:?}");
+    assert!(pods.deletion_of(&kept).is_none(), "the given-up pod stays");
     // Deleting the given-up pod starts a fresh series.
     env.pods()
         .delete("web-1", &DeleteParams::default())
@@ -517,10 +546,11 @@ async fn scale_up_during_cleanup() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn scale_up_before_the_cleanup_pod_is_created() {
-    let env = Env::new("scale-up-before", 3, &[]).await;
+    let env = Env::new("scale-up-before", 3, &["--resync-period", "2s"]).await;
     env.create_running(&SetSpec::new("web", 3, &env.class))
         .await;
     let claim = env.claim_uid("data-web-2").await;
+    let pods = env.record_pods().await;
     env.hold_pod("web-2", true).await;
     env.scale("web", 2).await;
     wait_for("web-2 terminating", LONG, || async {
@@ -532,19 +562,28 @@ async fn scale_up_before_the_cleanup_pod_is_created() {
     })
     .await;
     env.scale("web", 3).await;
+    let old = pods
+        .uids_of("web-2")
+        .into_iter()
+        .next()
+        .expect("web-2 seen");
     env.hold_pod("web-2", false).await;
-    let pods = env.pods();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < deadline {
-        if let Some(p) = pods.get_opt("web-2").await.expect("get") {
-            assert!(
-                !is_cleanup(&p),
-                "a cleanup pod was created for an ordinal that is wanted again"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    wait_for_pod_phase(&env.pods(), "web-2", "Running", LONG).await;
+    // The window: until the StatefulSet's new web-2 runs and the controller looked twice more.
+    pods.wait_for("a new stateful web-2 running", LONG, |s| {
+        s.name == "web-2"
+            && s.uid != old
+            && !s.annotations.contains_key(OWNER)
+            && support::recorder::phase(&s.object) == "Running"
+    })
+    .await;
+    let controller = env.controller.as_ref().expect("controller");
+    controller.wait_reconciles(&env.ns.name, "web", 2).await;
+    let created = pods.matching(|s| s.name == "web-2" && s.annotations.contains_key(OWNER));
+    assert!(
+        created.is_empty(),
+        "a cleanup pod was created for an ordinal that is wanted again: {:?}",
+        created.iter().map(|s| &s.uid).collect::<Vec<_>>()
+    );
     assert_eq!(
         env.claim_uid("data-web-2").await,
         claim,
@@ -729,9 +768,12 @@ async fn when_scaled_delete_is_left_to_kubernetes() {
 
 // === running it ===
 
+/// The controller of one namespace cleans its own scale-down while a scale-down in another
+/// namespace happens at the same time; everything the other namespace's watches saw shows that it
+/// was never touched.
 #[tokio::test(flavor = "multi_thread")]
 async fn namespace_mode_leaves_other_namespaces_alone() {
-    let env = Env::new("ns-mode", 0, &[]).await;
+    let env = Env::new("ns-mode", 2, &["--resync-period", "2s"]).await;
     let other = env.cluster.namespace("ns-mode-other").await;
     let class = other
         .create_static_pvs("pv", 2, Reclaim::Retain)
@@ -743,44 +785,72 @@ async fn namespace_mode_leaves_other_namespaces_alone() {
         class,
         controller: None,
     };
+    let other_sets = other.record_sets().await;
+    let other_pods = other.record_pods().await;
+    let other_claims = other.record_claims().await;
+    let other_events = other.record_events().await;
     other.create(&SetSpec::new("web", 2, &other.class)).await;
+    env.create_running(&SetSpec::new("web", 2, &env.class))
+        .await;
     wait_for_pod_phase(&other.pods(), "web-1", "Running", LONG).await;
     other.scale("web", 1).await;
+    env.scale("web", 1).await;
     wait_for_gone(&other.pods(), "web-1", LONG).await;
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    let set = other.sets().get("web").await.expect("set");
+    // The controller demonstrably works meanwhile: it cleans its own namespace's scale-down,
+    // then looks at its set twice more.
+    env.wait_claim_gone("data-web-1").await;
+    let controller = env.controller.as_ref().expect("controller");
+    controller.wait_reconciles(&env.ns.name, "web", 2).await;
+
     assert!(
-        !set.finalizers().iter().any(|f| f == FINALIZER),
-        "no finalizer outside the namespace"
+        other_sets
+            .first(|s| s.object.finalizers().iter().any(|f| f == FINALIZER))
+            .is_none(),
+        "our finalizer was put on a set outside the namespace"
+    );
+    let touched = other_pods.matching(|s| s.annotations.contains_key(OWNER));
+    assert!(
+        touched.is_empty(),
+        "cleanup pods outside the namespace: {:?}",
+        touched.iter().map(|s| &s.name).collect::<Vec<_>>()
     );
     assert!(
-        cleanup_pods(&other.pods()).await.is_empty(),
-        "no cleanup pod outside the namespace"
+        other_claims.first(|s| s.deleting).is_none(),
+        "a claim outside the namespace was deleted"
     );
-    assert!(other.claim_uid("data-web-1").await.is_some());
+    assert!(
+        other_events.latest_events().is_empty(),
+        "our Events outside the namespace:\n{}",
+        other_events.describe()
+    );
+    assert!(other_claims.uids_of("data-web-1").len() == 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn dry_run_writes_nothing() {
-    let env = Env::new("dry-run", 3, &["--dry-run"]).await;
-    let spec = SetSpec::new("web", 3, &env.class);
-    env.create(&spec).await;
-    for n in 0..3 {
-        wait_for_pod_phase(&env.pods(), &format!("web-{n}"), "Running", LONG).await;
-    }
+    let env = Env::new("dry-run", 3, &["--dry-run", "--resync-period", "2s"]).await;
+    let sets = env.record_sets().await;
+    let pods = env.record_pods().await;
+    let claims = env.record_claims().await;
+    env.create_pods_running(&SetSpec::new("web", 3, &env.class))
+        .await;
     env.scale("web", 2).await;
     wait_for_gone(&env.pods(), "web-2", LONG).await;
     env.wait_event("web", "DryRun").await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The window: the controller looks at the scaled-down set twice more.
+    let controller = env.controller.as_ref().expect("controller");
+    controller.wait_reconciles(&env.ns.name, "web", 2).await;
     assert!(
-        !env.sets()
-            .get("web")
-            .await
-            .expect("set")
-            .finalizers()
-            .iter()
-            .any(|f| f == FINALIZER)
+        sets.first(|s| s.object.finalizers().iter().any(|f| f == FINALIZER))
+            .is_none(),
+        "no finalizer in dry-run"
     );
-    assert!(cleanup_pods(&env.pods()).await.is_empty());
-    assert!(env.claim_uid("data-web-2").await.is_some());
+    assert!(
+        pods.first(|s| s.annotations.contains_key(OWNER)).is_none(),
+        "no cleanup pod in dry-run"
+    );
+    assert!(
+        claims.first(|s| s.deleting).is_none(),
+        "no claim deleted in dry-run"
+    );
 }

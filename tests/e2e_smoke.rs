@@ -14,7 +14,9 @@ use k8s_openapi::api::core::v1::{
     ContainerStateTerminated, PersistentVolume, PersistentVolumeClaim, Pod,
 };
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
 use serde_json::json;
+use support::recorder::{self, Recorder};
 use support::{
     AFTER_ANNOTATION, Cluster, OUTCOME_LABEL, Reclaim, SCALEDOWN_POD_LABEL, from_json, pod_phase,
     wait_for, wait_for_gone, wait_for_pod_phase, wait_for_pv_phase, wait_for_pvc_phase,
@@ -187,6 +189,7 @@ async fn scaledown_pods_succeed_fail_or_keep_running_on_cue() {
     let ns = cluster.namespace("kwok-stages").await;
     let pods: Api<Pod> = ns.api();
     let pp = PostParams::default();
+    let seen = Recorder::start(pods.clone(), watcher::Config::default()).await;
 
     let cases = [
         pod("ok", json!({SCALEDOWN_POD_LABEL: "ok"}), json!({})),
@@ -260,9 +263,22 @@ async fn scaledown_pods_succeed_fail_or_keep_running_on_cue() {
     while k8s_openapi::jiff::Timestamp::now().as_second() < ten_s_after {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    // Everything the watch saw of them in those 10 s: once Running, never anything else.
     for name in ["stay", "plain"] {
-        let p = pods.get(name).await.expect("get pod");
-        assert_eq!(pod_phase(&p), Some("Running"), "{name} after 10 s");
+        let phases: Vec<String> = seen
+            .of(name)
+            .iter()
+            .map(|s| recorder::phase(&s.object).to_string())
+            .skip_while(|p| p != "Running")
+            .collect();
+        assert!(
+            !phases.is_empty() && phases.iter().all(|p| p == "Running"),
+            "{name} in its first 10 s: {phases:?}"
+        );
+        assert!(
+            seen.first(|s| s.name == name && s.deleting).is_none(),
+            "{name} was deleted"
+        );
     }
 
     let slow = wait_for_pod_phase(&pods, "slow", "Succeeded", TIMEOUT).await;
@@ -313,20 +329,21 @@ async fn claim_in_use_stays_terminating_until_pod_is_deleted() {
     pods.create(&pp, &user).await.expect("create pod");
     wait_for_pod_phase(&pods, "user", "Running", TIMEOUT).await;
 
+    let seen = Recorder::start(claims.clone(), watcher::Config::default()).await;
     claims
         .delete("claim", &DeleteParams::default())
         .await
         .expect("delete claim");
-    wait_for("claim to be Terminating", TIMEOUT, || async {
-        claims
-            .get("claim")
-            .await
-            .ok()
-            .is_some_and(|c| c.metadata.deletion_timestamp.is_some())
+    seen.wait_for("claim to be Terminating", TIMEOUT, |s| {
+        s.name == "claim" && s.deleting
     })
     .await;
-    // Give pvc-protection time to (wrongly) let it go.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // A window of 5 s in which pvc-protection must hold it: the watch never sees it go.
+    let window = seen.wait_until(Duration::from_secs(5), |s| s.gone()).await;
+    assert!(
+        window.is_none(),
+        "pvc-protection let the claim go while the pod ran: {window:?}"
+    );
     let held = claims
         .get("claim")
         .await

@@ -13,6 +13,9 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
+use kube::runtime::watcher;
+
+use super::recorder::Recorder;
 use super::{
     Cluster, Reclaim, TestNamespace, from_json, wait_for, wait_for_gone, wait_for_pod_phase,
 };
@@ -45,17 +48,13 @@ impl Controller {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Controller {
-        let mut args: Vec<String> = [
-            "--namespace",
-            namespace,
-            "--cleanup-backoff",
-            "1s",
-            "--resync-period",
-            "10s",
-        ]
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
+        let mut args: Vec<String> = vec!["--namespace".into(), namespace.into()];
+        // Defaults of the e2e tests, unless `extra` sets them (a flag may be given only once).
+        for (flag, value) in [("--cleanup-backoff", "1s"), ("--resync-period", "10s")] {
+            if !extra.iter().any(|a| a.starts_with(flag)) {
+                args.extend([flag.to_string(), value.to_string()]);
+            }
+        }
         args.extend(extra.iter().map(|a| a.to_string()));
         for flag in ["--metrics-bind-address", "--health-probe-bind-address"] {
             if !extra.iter().any(|a| a.starts_with(flag)) {
@@ -132,6 +131,51 @@ impl Controller {
         let log = self.log_text();
         let all: Vec<&str> = log.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// The log without terminal colour codes.
+    pub fn plain_log(&self) -> String {
+        strip_ansi(&self.log_text())
+    }
+
+    /// How many reconciles of set `set` in `namespace` the log shows so far (the reconciler's
+    /// debug line `reconciled set=<set> namespace=Some("<namespace>")`).
+    pub fn reconciles(&self, namespace: &str, set: &str) -> usize {
+        let name = format!("reconciled set={set} ");
+        let ns = format!("namespace=Some(\"{namespace}\")");
+        self.plain_log()
+            .lines()
+            .filter(|l| l.contains(&name) && l.contains(&ns))
+            .count()
+    }
+
+    /// Waits for `n` more reconciles of `set` than the log shows now: a positive event that
+    /// closes a "nothing may happen" window only after the controller has looked again.
+    pub async fn wait_reconciles(&self, namespace: &str, set: &str, n: usize) {
+        let from = self.reconciles(namespace, set);
+        super::wait_for(
+            &format!(
+                "{n} more reconciles of {set} in the controller log {}",
+                self.log.display()
+            ),
+            LONG,
+            || async { self.reconciles(namespace, set) >= from + n },
+        )
+        .await;
+    }
+
+    /// Like [`Controller::wait_reconciles`], but gives up after `max` instead of panicking, for
+    /// windows whose later assertions say more than a timeout would. Returns whether `n` came.
+    pub async fn settle(&self, namespace: &str, set: &str, n: usize, max: Duration) -> bool {
+        let from = self.reconciles(namespace, set);
+        let deadline = std::time::Instant::now() + max;
+        while std::time::Instant::now() < deadline {
+            if self.reconciles(namespace, set) >= from + n {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
     }
 
     /// SIGKILL, as a crash would.
@@ -302,6 +346,35 @@ impl Env {
             .await;
     }
 
+    /// Creates the set and waits until all its pods run; does not wait for the finalizer.
+    pub async fn create_pods_running(&self, spec: &SetSpec<'_>) {
+        self.create(spec).await;
+        let start = spec.start.unwrap_or(0);
+        for n in start..start + spec.replicas {
+            wait_for_pod_phase(&self.pods(), &format!("{}-{n}", spec.name), "Running", LONG).await;
+        }
+    }
+
+    /// A recorder of this namespace's pods.
+    pub async fn record_pods(&self) -> Recorder<Pod> {
+        Recorder::start(self.pods(), watcher::Config::default()).await
+    }
+
+    /// A recorder of this namespace's claims.
+    pub async fn record_claims(&self) -> Recorder<PersistentVolumeClaim> {
+        Recorder::start(self.claims(), watcher::Config::default()).await
+    }
+
+    /// A recorder of this namespace's StatefulSets.
+    pub async fn record_sets(&self) -> Recorder<StatefulSet> {
+        Recorder::start(self.sets(), watcher::Config::default()).await
+    }
+
+    /// A recorder of this namespace's events.k8s.io/v1 Events (its helpers look at ours only).
+    pub async fn record_events(&self) -> Recorder<Event> {
+        Recorder::start(self.ns.api(), watcher::Config::default()).await
+    }
+
     pub async fn wait_finalizer(&self, set: &str, present: bool) {
         let sets = self.sets();
         wait_for(
@@ -447,4 +520,23 @@ pub fn record(what: &str, value: String) {
     {
         let _ = writeln!(f, "[measure] {what}: {value}");
     }
+}
+
+/// `text` without ANSI escape sequences (CSI ... final byte).
+pub fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            chars.next();
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }

@@ -12,6 +12,7 @@
 #![allow(dead_code)]
 
 pub mod fixtures;
+pub mod recorder;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -511,4 +512,69 @@ where
         matches!(api.get_opt(name).await, Ok(None))
     })
     .await
+}
+
+/// A kubeconfig for ServiceAccount `account` of `namespace`, with a TokenRequest token (1 h) and the
+/// server and CA of `cluster`'s admin kubeconfig, written to target/e2e-tokens/.
+pub async fn service_account_kubeconfig(
+    cluster: &Cluster,
+    namespace: &str,
+    account: &str,
+) -> PathBuf {
+    let token = cluster
+        .kubectl(&["create", "token", account, "-n", namespace, "--duration=1h"])
+        .await;
+    let token = token.trim();
+    assert!(!token.is_empty(), "kubectl create token printed nothing");
+    let admin = Kubeconfig::read_from(&cluster.kubeconfig).expect("read the admin kubeconfig");
+    let context = admin
+        .current_context
+        .as_deref()
+        .and_then(|c| admin.contexts.iter().find(|n| n.name == c))
+        .and_then(|n| n.context.as_ref())
+        .map(|c| c.cluster.clone());
+    let entry = admin
+        .clusters
+        .iter()
+        .find(|c| context.as_deref().is_none_or(|name| c.name == name))
+        .and_then(|c| c.cluster.as_ref())
+        .expect("a cluster in the admin kubeconfig");
+    let mut cluster_json = json!({"server": entry.server.as_deref().expect("server")});
+    if let Some(ca) = &entry.certificate_authority {
+        cluster_json["certificate-authority"] = json!(ca);
+    }
+    if let Some(ca) = &entry.certificate_authority_data {
+        cluster_json["certificate-authority-data"] = json!(ca);
+    }
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": cluster_json}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "e2e", "user": account, "namespace": namespace}}],
+        "current-context": "sa",
+    });
+    let dir = repo_dir().join("target/e2e-tokens");
+    std::fs::create_dir_all(&dir).expect("token dir");
+    let path = dir.join(format!("{namespace}-{account}.kubeconfig"));
+    std::fs::write(&path, config.to_string()).expect("write the token kubeconfig");
+    path
+}
+
+/// A client from a kubeconfig file (e.g. one of [`service_account_kubeconfig`]).
+pub async fn client_from(path: &Path) -> Client {
+    let kubeconfig = Kubeconfig::read_from(path).expect("read kubeconfig");
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
+    Client::try_from(config).expect("client")
+}
+
+/// A number of kB from /proc/<pid>/status (`VmRSS`, `VmHWM`, ...), if the process is there.
+pub fn proc_status_kb(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(&format!("{field}:")))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
