@@ -75,6 +75,25 @@ pub enum Category {
 }
 
 impl Category {
+    /// Every category, for declaring each label value before its first occurrence.
+    pub const ALL: [Category; 15] = [
+        Category::Unauthorized,
+        Category::Forbidden,
+        Category::NotFound,
+        Category::Conflict,
+        Category::Invalid,
+        Category::Throttled,
+        Category::ServerError,
+        Category::ApiError,
+        Category::Transport,
+        Category::CacheNotReady,
+        Category::Contended,
+        Category::Internal,
+        Category::NotLeader,
+        Category::Task,
+        Category::Config,
+    ];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Category::Unauthorized => "unauthorized",

@@ -125,6 +125,22 @@ impl Default for Metrics {
             "Outcomes reported as Events, by Event reason",
             m.events.clone(),
         );
+        // Every label value of the bounded families exists from the start at 0: the families
+        // render before their first sample, and `rate()` sees the first increment.
+        for category in crate::error::Category::ALL {
+            m.reconcile_errors
+                .get_or_create(&ErrorLabels {
+                    category: category.as_str(),
+                })
+                .inc_by(0);
+        }
+        for reason in crate::reason::Reason::ALL {
+            m.events
+                .get_or_create(&EventLabels {
+                    reason: reason.as_str(),
+                })
+                .inc_by(0);
+        }
         Metrics { registry, ..m }
     }
 }
@@ -179,19 +195,20 @@ impl Metrics {
             gauge.set(i64::try_from(*n).unwrap_or(i64::MAX));
         }
     }
-    pub fn reconciled(&self, seconds: f64, error: Option<&'static str>) {
+    pub fn reconciled(&self, seconds: f64, error: Option<crate::error::Category>) {
         self.reconciles.inc();
         self.reconcile_duration.observe(seconds);
         if let Some(category) = error {
             self.reconcile_errors
-                .get_or_create(&ErrorLabels { category })
+                .get_or_create(&ErrorLabels {
+                    category: category.as_str(),
+                })
                 .inc();
         }
     }
 
     /// The registry in Prometheus text format.
     pub fn encode(&self) -> String {
-        // (families render even before their first sample)
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
@@ -207,10 +224,8 @@ mod tests {
     #[test]
     fn readme_lists_exactly_the_exported_metrics() {
         let m = Metrics::default();
-        m.reconciled(0.01, Some("conflict"));
         m.set_orphaned_claims(&[("ns".to_string(), 1)].into());
         m.cleanup_took(3.0);
-        m.event(crate::reason::Reason::CleanupPodStuck);
         let text = m.encode();
         let exported: std::collections::BTreeSet<String> = text
             .lines()
@@ -226,5 +241,22 @@ mod tests {
             .map(|name| name.trim_end_matches("_total").to_string())
             .collect();
         assert_eq!(documented, exported, "README metrics table vs /metrics");
+    }
+
+    /// Error categories and Event reasons are declared at 0 before anything happened.
+    #[test]
+    fn bounded_label_values_start_at_zero() {
+        let text = Metrics::default().encode();
+        for category in crate::error::Category::ALL {
+            let line = format!(
+                "scaledown_reconcile_errors_total{{category=\"{}\"}} 0",
+                category.as_str()
+            );
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+        for reason in crate::reason::Reason::ALL {
+            let line = format!("scaledown_events_total{{reason=\"{}\"}} 0", reason.as_str());
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
     }
 }

@@ -368,7 +368,7 @@ pub async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
     let result = ctx.pass(&set).await;
     ctx.metrics.reconciled(
         started.elapsed().as_secs_f64(),
-        result.as_ref().err().map(|e| e.category().as_str()),
+        result.as_ref().err().map(Error::category),
     );
     if result.is_ok() {
         ctx.count_failure(&set, false);
