@@ -14,7 +14,8 @@
 //!
 //! Output: the seed first, one line per round (violations on their own lines before it), and last
 //! `chaos: N rounds, seed S, V violations`; the exit code is 0 only without violations. The same
-//! seed gives the same actions. Arguments: `--rounds N --seed S [--quiesce-timeout SECS]`, or
+//! seed gives the same actions (`--plan-only` prints them without a cluster). Arguments:
+//! `--rounds N --seed S [--quiesce-timeout SECS] [--plan-only]`, or
 //! `ROUNDS`, `SEED` in the environment. The recording is written to `target/chaos/seed-S.jsonl`,
 //! the controllers' logs to `target/e2e-logs/chaos-{a,b}.log`.
 
@@ -44,6 +45,7 @@ use record::Recorder;
 use world::World;
 
 struct Options {
+    plan_only: bool,
     rounds: usize,
     seed: u64,
     quiesce_timeout: Duration,
@@ -54,9 +56,14 @@ fn options() -> Result<Options, String> {
     let mut rounds = env("ROUNDS");
     let mut seed = env("SEED");
     let mut quiesce = env("CHAOS_QUIESCE_TIMEOUT");
+    let mut plan_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let slot = match arg.as_str() {
+            "--plan-only" => {
+                plan_only = true;
+                continue;
+            }
             "--rounds" => &mut rounds,
             "--seed" => &mut seed,
             "--quiesce-timeout" => &mut quiesce,
@@ -75,6 +82,7 @@ fn options() -> Result<Options, String> {
         .map(|d| d.as_secs())
         .unwrap_or(1);
     Ok(Options {
+        plan_only,
         rounds: number("ROUNDS", rounds, 3)? as usize,
         seed: number("SEED", seed, clock)?,
         quiesce_timeout: Duration::from_secs(number("quiesce timeout", quiesce, 120)?),
@@ -85,7 +93,9 @@ fn main() -> ExitCode {
     let options = match options() {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("chaos: {e}\nusage: chaos [--rounds N] [--seed S] [--quiesce-timeout SECS]");
+            eprintln!(
+                "chaos: {e}\nusage: chaos [--rounds N] [--seed S] [--quiesce-timeout SECS] [--plan-only]"
+            );
             return ExitCode::from(2);
         }
     };
@@ -100,6 +110,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    if options.plan_only {
+        print_plans(&options);
+        return ExitCode::SUCCESS;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -113,6 +127,25 @@ fn main() -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// `--plan-only`: what the rounds of this seed will do, without a cluster.
+fn print_plans(options: &Options) {
+    let sets = plan::sets();
+    let mut rng = Rng::new(options.seed);
+    for round in 1..=options.rounds {
+        let plan = plan_round(&mut rng, &sets);
+        let actions: Vec<String> = plan
+            .actions
+            .iter()
+            .map(|(pause, a)| format!("+{pause}ms {}", Named(a, &sets)))
+            .collect();
+        println!(
+            "round {round}: {} | finals {:?}",
+            actions.join(", "),
+            plan.finals
+        );
     }
 }
 

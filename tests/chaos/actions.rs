@@ -156,9 +156,15 @@ async fn restart_apiserver() -> String {
             let ready = text
                 .lines()
                 .any(|l| l.contains("restart-apiserver ready-at"));
+            let stalled = String::from_utf8_lossy(&out.stderr).contains("ignored SIGTERM");
             format!(
-                "apiserver restarted in {:.1} s{}",
+                "apiserver restarted in {:.1} s{}{}",
                 t0.elapsed().as_secs_f64(),
+                if stalled {
+                    " (it ignored SIGTERM for 10 s)"
+                } else {
+                    ""
+                },
                 if ready { "" } else { " (no ready line!)" }
             )
         }

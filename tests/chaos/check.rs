@@ -337,10 +337,13 @@ fn pods_before(pods: &[PodLife], hi: u64, name: &str) -> String {
             )
         })
         .collect();
-    if seen.is_empty() {
-        format!("no pod {name} seen before")
-    } else {
-        format!("pods {name} seen before: {}", seen.join("; "))
+    match seen.len() {
+        0 => format!("no pod {name} seen before"),
+        n if n <= 4 => format!("pods {name} seen before: {}", seen.join("; ")),
+        n => format!(
+            "pods {name} seen before (last 4 of {n}): {}",
+            seen[n - 4..].join("; ")
+        ),
     }
 }
 

@@ -102,10 +102,19 @@ pub struct RoundPlan {
 /// Instances of the controller that run (with leader election) during the whole run.
 pub const INSTANCES: usize = 2;
 
+/// One round in `CHAOS_RESTART_EVERY` (default 5; 0: never) restarts the API server.
+fn restart_every() -> u64 {
+    std::env::var("CHAOS_RESTART_EVERY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5)
+}
+
 pub fn plan_round(rng: &mut Rng, sets: &[SetDef]) -> RoundPlan {
     let count = 3 + rng.index(4);
     // About one round in five restarts the API server: each restart costs several seconds.
-    let restart_at = (rng.below(5) == 0).then(|| rng.index(count + 1));
+    let every = restart_every();
+    let restart_at = (rng.below(every.max(1)) == 0 && every > 0).then(|| rng.index(count + 1));
     let mut actions = Vec::new();
     for i in 0..=count {
         if restart_at == Some(i) {

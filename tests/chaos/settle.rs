@@ -61,7 +61,8 @@ impl World {
             if unsettled.is_empty() {
                 return Ok(t0.elapsed());
             }
-            if t0.elapsed() >= timeout {
+            let dead = crate::support::dead_components();
+            if t0.elapsed() >= timeout || !dead.is_empty() {
                 return Err(unsettled);
             }
             tokio::time::sleep(POLL).await;
