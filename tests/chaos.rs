@@ -244,45 +244,27 @@ async fn run_round(
     let label = round.to_string();
     let mut found = checker.claims(world, &label);
     let at = world.recorder_elapsed();
-    let quiesce = match &settled {
-        Ok(took) => format!("settled in {:.1} s", took.as_secs_f64()),
-        Err(left) => {
-            let v = |text: String| Violation {
-                invariant: 3,
-                round: label.clone(),
-                at,
-                text,
-            };
-            let pods = left
-                .cleanup_pods
-                .iter()
-                .map(|p| v(format!("left after quiescing: {p}")));
-            let mut all: Vec<Violation> = pods.collect();
-            if !left.other.is_empty() {
-                all.push(v(format!(
-                    "not quiescent within {:?}: {}",
-                    options.quiesce_timeout,
-                    left.other.join("; ")
-                )));
-            }
-            found.extend(all);
-            "DID NOT SETTLE".to_string()
-        }
-    };
-    found.extend(harness.into_iter().map(|text| Violation {
-        invariant: 0,
+    let violation = |invariant: u8, text: String| Violation {
+        invariant,
         round: label.clone(),
         at,
         text,
-    }));
+    };
+    let quiesce = match &settled {
+        Ok(took) => format!("settled in {:.1} s", took.as_secs_f64()),
+        Err(left) => {
+            found.extend(unsettled_violations(
+                left,
+                options.quiesce_timeout,
+                &violation,
+            ));
+            "DID NOT SETTLE".to_string()
+        }
+    };
+    found.extend(harness.into_iter().map(|text| violation(0, text)));
     for line in world.controllers.panics().into_iter().skip(checker.panics) {
         checker.panics += 1;
-        found.push(Violation {
-            invariant: 5,
-            round: label.clone(),
-            at,
-            text: format!("controller panicked: {line}"),
-        });
+        found.push(violation(5, format!("controller panicked: {line}")));
     }
     checker.report(&found);
     let finals: Vec<String> = world
@@ -306,6 +288,29 @@ async fn run_round(
     );
     let _ = std::io::stdout().flush();
     settled.is_ok()
+}
+
+/// Invariant (3): what was left when the round did not settle.
+fn unsettled_violations(
+    left: &settle::Unsettled,
+    timeout: Duration,
+    violation: &dyn Fn(u8, String) -> Violation,
+) -> Vec<Violation> {
+    let mut all: Vec<Violation> = left
+        .cleanup_pods
+        .iter()
+        .map(|p| violation(3, format!("left after quiescing: {p}")))
+        .collect();
+    if !left.other.is_empty() {
+        all.push(violation(
+            3,
+            format!(
+                "not quiescent within {timeout:?}: {}",
+                left.other.join("; ")
+            ),
+        ));
+    }
+    all
 }
 
 /// Runs the claim checks on what was recorded since the last check, and counts violations.

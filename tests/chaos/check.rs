@@ -385,32 +385,40 @@ pub fn self_test() -> Result<usize, String> {
 
 type Case = (&'static str, Vec<Obs>, Vec<&'static str>, Vec<u8>);
 
+/// A set at revision `rv` in the self-test's recordings.
+fn set(rv: u64, replicas: i32, deleting: bool) -> Obs {
+    let mut o = synthetic(Kind::Set, "web", "set-uid", rv - 1, rv);
+    o.replicas = Some(replicas);
+    o.deleting = deleting;
+    o
+}
+
+/// A cleanup-looking pod of ordinal `ordinal`, listing claim `claim-<ordinal>`.
+fn pod(uid: &str, ordinal: u32, rv: u64, phase: &str) -> Obs {
+    let mut o = synthetic(Kind::Pod, &format!("web-{ordinal}"), uid, rv - 1, rv);
+    o.phase = Some(phase.to_string());
+    o.cleanup_label = true;
+    o.owner = Some("web".into());
+    o.claims = [(format!("data-web-{ordinal}"), format!("claim-{ordinal}"))].into();
+    o
+}
+
+/// Claim `claim-<ordinal>` seen deleting, the change somewhere in `(after, rv]`.
+fn claim_deleted(ordinal: u32, after: u64, rv: u64) -> Obs {
+    let name = format!("data-web-{ordinal}");
+    let mut o = synthetic(Kind::Claim, &name, &format!("claim-{ordinal}"), after, rv);
+    o.deleting = true;
+    o
+}
+
+/// A genuine pod of ordinal 2 that Succeeded, but listed a claim of the same name and another UID.
+fn older_claims_pod() -> Obs {
+    let mut o = pod("g", 2, 25, "Succeeded");
+    o.claims = [("data-web-2".to_string(), "older-claim".to_string())].into();
+    o
+}
+
 fn self_test_cases() -> Vec<Case> {
-    let set = |rv: u64, replicas: i32, deleting: bool| {
-        let mut o = synthetic(Kind::Set, "web", "set-uid", rv - 1, rv);
-        o.replicas = Some(replicas);
-        o.deleting = deleting;
-        o
-    };
-    let pod = |uid: &str, ordinal: u32, rv: u64, phase: &str| {
-        let mut o = synthetic(Kind::Pod, &format!("web-{ordinal}"), uid, rv - 1, rv);
-        o.phase = Some(phase.to_string());
-        o.cleanup_label = true;
-        o.owner = Some("web".into());
-        o.claims = [(format!("data-web-{ordinal}"), format!("claim-{ordinal}"))].into();
-        o
-    };
-    let claim_deleted = |ordinal: u32, after: u64, rv: u64| {
-        let mut o = synthetic(
-            Kind::Claim,
-            &format!("data-web-{ordinal}"),
-            &format!("claim-{ordinal}"),
-            after,
-            rv,
-        );
-        o.deleting = true;
-        o
-    };
     vec![
         (
             "forged pod on a wanted ordinal",
@@ -464,6 +472,39 @@ fn self_test_cases() -> Vec<Case> {
             vec![set(15, 2, false), claim_deleted(2, 29, 30)],
             vec![],
             vec![2],
+        ),
+        (
+            "genuine cleanup pod still running when the claim went",
+            vec![
+                set(15, 2, false),
+                pod("g", 2, 20, "Running"),
+                claim_deleted(2, 29, 30),
+                pod("g", 2, 35, "Succeeded"),
+            ],
+            vec![],
+            vec![2],
+        ),
+        (
+            "genuine cleanup pod of an older claim of the ordinal",
+            vec![
+                set(15, 2, false),
+                older_claims_pod(),
+                claim_deleted(2, 29, 30),
+            ],
+            vec![],
+            vec![2],
+        ),
+        (
+            "forged pod created while orphaned, then a scale-up",
+            vec![
+                set(15, 2, false),
+                pod("f", 2, 20, "Running"),
+                set(22, 3, false),
+                pod("f", 2, 25, "Succeeded"),
+                claim_deleted(2, 29, 30),
+            ],
+            vec!["f"],
+            vec![1, 2],
         ),
         (
             "forged pod on an orphaned ordinal",

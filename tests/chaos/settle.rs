@@ -261,6 +261,14 @@ impl World {
                 problems.push(format!("cannot delete {}: {e}", self.sets[i].name));
             }
         }
+        problems.extend(self.wait_sets_gone(timeout).await);
+        problems
+    }
+
+    /// Waits until no StatefulSet is left; returns what was left at `timeout`, or the claims
+    /// that outlived their sets.
+    async fn wait_sets_gone(&mut self, timeout: Duration) -> Vec<String> {
+        let mut problems = Vec::new();
         let t0 = Instant::now();
         loop {
             self.controllers.revive();
