@@ -9,10 +9,10 @@ FUZZ_CASES ?= 1000000
 # The image, named in one place; artifacts/*.yaml use the same (a test checks it).
 IMAGE ?= ghcr.io/statefulset-scaledown/statefulset-scaledown-controller:0.1.0
 
-.PHONY: test fmt-check clippy unit fuzz e2e control-plane cluster-up cluster-down demo build image
+.PHONY: test fmt-check clippy unit fuzz e2e chaos chaos-ci control-plane cluster-up cluster-down demo build image
 
-## test: formatting, lints, unit tests, then e2e tests on the local control plane
-test: fmt-check clippy unit e2e
+## test: formatting, lints, unit tests, e2e tests and a short seeded chaos run on the local control plane
+test: fmt-check clippy unit e2e chaos-ci
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -31,6 +31,20 @@ fuzz:
 e2e:
 	$(CARGO) build --locked --bins --tests
 	hack/with-cluster.sh $(CARGO) test --locked --test 'e2e_*' -- --test-threads=$(E2E_THREADS)
+
+## chaos: seeded chaos rounds with an invariant checker (tests/chaos.rs) on the local control plane;
+## the same SEED replays the same actions. Do not run it beside other e2e tests on one cluster: its
+## controllers watch every namespace.
+ROUNDS ?= 20
+SEED ?= $(shell date +%s)
+chaos:
+	$(CARGO) build --locked --bins --test chaos
+	hack/with-cluster.sh $(CARGO) test --locked --test chaos -- --rounds $(ROUNDS) --seed $(SEED)
+
+## chaos-ci: a few chaos rounds with a fixed seed, for `make test` (seed 42: forged pods on wanted and
+## orphaned ordinals, SIGKILLs and failovers; no API server restart, see `make chaos`)
+chaos-ci:
+	$(MAKE) chaos ROUNDS=3 SEED=42
 
 build:
 	$(CARGO) build --locked --release

@@ -182,6 +182,29 @@ impl Controller {
     pub async fn kill(&mut self) {
         self.child.kill().await.expect("kill controller");
     }
+
+    /// SIGTERM (a graceful stop: a leader releases its Lease), then waits up to `grace` for the
+    /// exit; SIGKILL after that. Returns the exit status, or `None` if it had to be killed.
+    pub async fn terminate(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        if let Some(pid) = self.child.id() {
+            let _ = tokio::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .await;
+        }
+        match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(Ok(status)) => Some(status),
+            _ => {
+                self.kill().await;
+                None
+            }
+        }
+    }
+
+    /// The exit status if the process has exited, without waiting.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
 }
 
 impl Drop for Controller {

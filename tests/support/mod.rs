@@ -86,6 +86,31 @@ fn hostpath_root(kubeconfig: &Path) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/tmp/scaledown-e2e/external"))
 }
 
+/// Components of the local cluster (hack/cluster.sh) whose recorded process is gone, each with the
+/// last line of its log: a test that restarts parts of the control plane checks it survived.
+pub fn dead_components() -> Vec<String> {
+    let state = cluster_state_dir();
+    let Ok(entries) = std::fs::read_dir(state.join("pids")) else {
+        return vec!["no target/cluster/pids".into()];
+    };
+    let mut dead = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Some(name) = path.file_stem().map(|s| s.to_string_lossy().into_owned()) else {
+            continue;
+        };
+        let pid = std::fs::read_to_string(&path).unwrap_or_default();
+        if !Path::new("/proc").join(pid.trim()).exists() || pid.trim().is_empty() {
+            let log = std::fs::read_to_string(state.join("logs").join(format!("{name}.log")))
+                .unwrap_or_default();
+            let last = log.lines().last().unwrap_or("").to_string();
+            dead.push(format!("{name} (last log line: {last})"));
+        }
+    }
+    dead.sort();
+    dead
+}
+
 /// A connection to the e2e cluster.
 pub struct Cluster {
     pub client: Client,
@@ -349,6 +374,18 @@ pub async fn create_static_pvs(
     n: usize,
     reclaim: Reclaim,
 ) -> Vec<String> {
+    create_static_pvs_from(client, class, 0, n, reclaim).await
+}
+
+/// Like [`create_static_pvs`], but numbers the PVs `<class>-<first>` .. `<class>-<first + n - 1>`,
+/// so a test can add PVs to a class it created before (e.g. to replace the PVs its claims used up).
+pub async fn create_static_pvs_from(
+    client: &Client,
+    class: &str,
+    first: usize,
+    n: usize,
+    reclaim: Reclaim,
+) -> Vec<String> {
     let classes: Api<StorageClass> = Api::all(client.clone());
     let sc: StorageClass = from_json(json!({
         "metadata": {"name": class, "labels": {CLASS_LABEL: class}},
@@ -366,7 +403,7 @@ pub async fn create_static_pvs(
     let dir = hostpath_root(&kubeconfig).join(class);
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
     let mut names = Vec::with_capacity(n);
-    for i in 0..n {
+    for i in first..first + n {
         let name = format!("{class}-{i}");
         let path = dir.join(&name);
         let _ = std::fs::create_dir_all(&path);

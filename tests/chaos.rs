@@ -1,0 +1,397 @@
+//! `make chaos ROUNDS=N SEED=S`: a seeded chaos run against the local control plane, with an
+//! invariant checker over a recording of everything that happened.
+//!
+//! Five StatefulSets in two namespaces (OrderedReady and Parallel, one and two claim templates, one
+//! whose cleanup always fails) and two controller instances with leader election. Each round does a
+//! seeded mix of scale-downs and scale-ups, SIGKILLed instances, leader failovers, API server
+//! restarts, user-deleted cleanup pods, and forged pods: pods made by this runner that look like
+//! cleanup pods (name, label, owner, claims and attempt annotations), on orphaned and on wanted
+//! ordinals. Then it scales every set to a final size and waits until the controllers are idle.
+//! Watches record every pod, claim and set change during the whole run; after each round the
+//! checker looks at the claims deleted in it (see `chaos/check.rs` for invariants 1 and 2), and
+//! the round fails invariant 3 if it did not settle with no cleanup pod left. At the end every set
+//! is deleted (invariant 4).
+//!
+//! Output: the seed first, one line per round (violations on their own lines before it), and last
+//! `chaos: N rounds, seed S, V violations`; the exit code is 0 only without violations. The same
+//! seed gives the same actions (`--plan-only` prints them without a cluster). Arguments:
+//! `--rounds N --seed S [--quiesce-timeout SECS] [--plan-only]`, or
+//! `ROUNDS`, `SEED` in the environment. The recording is written to `target/chaos/seed-S.jsonl`,
+//! the controllers' logs to `target/e2e-logs/chaos-{a,b}.log`.
+
+mod support;
+
+#[path = "chaos/actions.rs"]
+mod actions;
+#[path = "chaos/check.rs"]
+mod check;
+#[path = "chaos/plan.rs"]
+mod plan;
+#[path = "chaos/record.rs"]
+mod record;
+#[path = "chaos/settle.rs"]
+mod settle;
+#[path = "chaos/world.rs"]
+mod world;
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use check::{Layout, Violation};
+use plan::{Named, Rng, plan_round};
+use record::Recorder;
+use world::World;
+
+struct Options {
+    plan_only: bool,
+    rounds: usize,
+    seed: u64,
+    quiesce_timeout: Duration,
+}
+
+fn options() -> Result<Options, String> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let mut rounds = env("ROUNDS");
+    let mut seed = env("SEED");
+    let mut quiesce = env("CHAOS_QUIESCE_TIMEOUT");
+    let mut plan_only = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let slot = match arg.as_str() {
+            "--plan-only" => {
+                plan_only = true;
+                continue;
+            }
+            "--rounds" => &mut rounds,
+            "--seed" => &mut seed,
+            "--quiesce-timeout" => &mut quiesce,
+            other => return Err(format!("unknown argument {other:?}")),
+        };
+        *slot = Some(args.next().ok_or(format!("{arg} needs a value"))?);
+    }
+    let number = |what: &str, v: Option<String>, default: u64| -> Result<u64, String> {
+        v.map_or(Ok(default), |v| {
+            v.parse()
+                .map_err(|_| format!("{what} must be a number, got {v:?}"))
+        })
+    };
+    let clock = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(1);
+    Ok(Options {
+        plan_only,
+        rounds: number("ROUNDS", rounds, 3)? as usize,
+        seed: number("SEED", seed, clock)?,
+        quiesce_timeout: Duration::from_secs(number("quiesce timeout", quiesce, 120)?),
+    })
+}
+
+fn main() -> ExitCode {
+    let options = match options() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!(
+                "chaos: {e}\nusage: chaos [--rounds N] [--seed S] [--quiesce-timeout SECS] [--plan-only]"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    println!(
+        "chaos: seed {}, {} rounds (replay: make chaos ROUNDS={} SEED={})",
+        options.seed, options.rounds, options.rounds, options.seed
+    );
+    match check::self_test() {
+        Ok(n) => println!("chaos: checker self-test: {n} synthetic recordings judged as expected"),
+        Err(e) => {
+            println!("chaos: checker self-test FAILED: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    if options.plan_only {
+        print_plans(&options);
+        return ExitCode::SUCCESS;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let (rounds, violations) = runtime.block_on(run(&options));
+    println!(
+        "chaos: {rounds} rounds, seed {}, {violations} violations",
+        options.seed
+    );
+    if violations == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// `--plan-only`: what the rounds of this seed will do, without a cluster.
+fn print_plans(options: &Options) {
+    let sets = plan::sets();
+    let mut rng = Rng::new(options.seed);
+    for round in 1..=options.rounds {
+        let plan = plan_round(&mut rng, &sets);
+        let actions: Vec<String> = plan
+            .actions
+            .iter()
+            .map(|(pause, a)| format!("+{pause}ms {}", Named(a, &sets)))
+            .collect();
+        println!(
+            "round {round}: {} | finals {:?}",
+            actions.join(", "),
+            plan.finals
+        );
+    }
+}
+
+/// Runs the rounds and the final deletion; returns the rounds run and the violations found.
+async fn run(options: &Options) -> (usize, usize) {
+    let start = Instant::now();
+    let sets = plan::sets();
+    let recorder = Recorder::new(start);
+    let mut world = World::setup(sets.clone(), recorder.clone()).await;
+    println!(
+        "chaos: namespaces {} and {}, controllers {} and {} (Lease {}/{})",
+        world.ns_names[0],
+        world.ns_names[1],
+        plan::instance_name(0),
+        plan::instance_name(1),
+        world.ns_names[0],
+        world::LEASE
+    );
+    let initial: Vec<i32> = sets.iter().map(|s| s.initial).collect();
+    let mut checker = Checker::default();
+    if let Err(left) = world.quiesce(&initial, options.quiesce_timeout).await {
+        println!("chaos: the initial sets never settled: {left:?}");
+        checker.violations += 1;
+        world.teardown(options.seed).await;
+        return (0, checker.violations);
+    }
+    let mut rng = Rng::new(options.seed);
+    let mut rounds_run = 0;
+    let mut stuck = 0;
+    for round in 1..=options.rounds {
+        let settled = run_round(&mut world, &mut rng, &mut checker, round, options).await;
+        rounds_run = round;
+        let dead = support::dead_components();
+        if !dead.is_empty() {
+            checker.report(&[Violation {
+                invariant: 0,
+                round: round.to_string(),
+                at: start.elapsed(),
+                text: format!(
+                    "HARNESS: control plane component(s) died: {}",
+                    dead.join("; ")
+                ),
+            }]);
+            println!("chaos: the control plane is broken; stopping early, no final deletion");
+            world.teardown(options.seed).await;
+            return (rounds_run, checker.violations);
+        }
+        stuck = if settled { 0 } else { stuck + 1 };
+        if stuck == 3 {
+            println!("chaos: three rounds in a row did not settle; stopping early");
+            break;
+        }
+    }
+    world.recorder.set_round(options.rounds + 1);
+    let problems = world.delete_all(options.quiesce_timeout).await;
+    let mut found: Vec<Violation> = problems
+        .into_iter()
+        .map(|text| Violation {
+            invariant: 4,
+            round: "final".into(),
+            at: start.elapsed(),
+            text,
+        })
+        .collect();
+    found.extend(checker.claims(&world, "final"));
+    checker.report(&found);
+    world.teardown(options.seed).await;
+    (rounds_run, checker.violations)
+}
+
+/// One round; returns whether it settled.
+async fn run_round(
+    world: &mut World,
+    rng: &mut Rng,
+    checker: &mut Checker,
+    round: usize,
+    options: &Options,
+) -> bool {
+    let t0 = Instant::now();
+    world.recorder.set_round(round);
+    let plan = plan_round(rng, &world.sets);
+    world.top_up_pvs(true).await;
+    let mut notes = Vec::new();
+    let mut exits = Vec::new();
+    let mut harness = Vec::new();
+    for (pause, action) in &plan.actions {
+        tokio::time::sleep(Duration::from_millis(*pause)).await;
+        exits.extend(world.controllers.revive());
+        let note = world.act(action).await;
+        if note.starts_with("HARNESS") {
+            harness.push(note.clone());
+        }
+        notes.push(format!("{} -> {note}", Named(action, &world.sets)));
+    }
+    let settled = world.quiesce(&plan.finals, options.quiesce_timeout).await;
+    let label = round.to_string();
+    let mut found = checker.claims(world, &label);
+    let at = world.recorder_elapsed();
+    let violation = |invariant: u8, text: String| Violation {
+        invariant,
+        round: label.clone(),
+        at,
+        text,
+    };
+    let quiesce = match &settled {
+        Ok(took) => format!("settled in {:.1} s", took.as_secs_f64()),
+        Err(left) => {
+            found.extend(unsettled_violations(
+                left,
+                options.quiesce_timeout,
+                &violation,
+            ));
+            "DID NOT SETTLE".to_string()
+        }
+    };
+    found.extend(harness.into_iter().map(|text| violation(0, text)));
+    for line in world.controllers.panics().into_iter().skip(checker.panics) {
+        checker.panics += 1;
+        found.push(violation(5, format!("controller panicked: {line}")));
+    }
+    checker.report(&found);
+    let finals: Vec<String> = world
+        .sets
+        .iter()
+        .zip(&plan.finals)
+        .map(|(s, n)| format!("{}={n}", s.name))
+        .collect();
+    let stats = &checker.last;
+    println!(
+        "round {round}/{} {:.1} s: [{}] finals [{}]; {quiesce}; {} claims deleted, {} cleanup pods, {} forged, unplanned controller exits [{}]; {} violations",
+        options.rounds,
+        t0.elapsed().as_secs_f64(),
+        notes.join(", "),
+        finals.join(" "),
+        stats.claims_deleted,
+        stats.cleanup_pods,
+        stats.forged_pods,
+        exits.join(", "),
+        found.len()
+    );
+    let _ = std::io::stdout().flush();
+    settled.is_ok()
+}
+
+/// Invariant (3): what was left when the round did not settle.
+fn unsettled_violations(
+    left: &settle::Unsettled,
+    timeout: Duration,
+    violation: &dyn Fn(u8, String) -> Violation,
+) -> Vec<Violation> {
+    let mut all: Vec<Violation> = left
+        .cleanup_pods
+        .iter()
+        .map(|p| violation(3, format!("left after quiescing: {p}")))
+        .collect();
+    if !left.other.is_empty() {
+        all.push(violation(
+            3,
+            format!(
+                "not quiescent within {timeout:?}: {}",
+                left.other.join("; ")
+            ),
+        ));
+    }
+    all
+}
+
+/// Runs the claim checks on what was recorded since the last check, and counts violations.
+#[derive(Default)]
+struct Checker {
+    checked: usize,
+    violations: usize,
+    panics: usize,
+    last: check::Stats,
+}
+
+impl Checker {
+    fn claims(&mut self, world: &World, round: &str) -> Vec<Violation> {
+        let records = world.recorder.snapshot();
+        let layout = Layout {
+            sets: &world.sets,
+            namespaces: &world.ns_names,
+        };
+        let forged: &HashSet<String> = &world.forged;
+        let (found, stats) = check::check_claims(
+            &records,
+            self.checked..records.len(),
+            forged,
+            &layout,
+            round,
+        );
+        self.checked = records.len();
+        self.last = stats;
+        found
+    }
+
+    fn report(&mut self, found: &[Violation]) {
+        for v in found {
+            println!("{v}");
+        }
+        self.violations += found.len();
+    }
+}
+
+impl World {
+    fn recorder_elapsed(&self) -> Duration {
+        self.recorder
+            .snapshot()
+            .last()
+            .map(|o| o.at)
+            .unwrap_or_default()
+    }
+
+    /// Stops the watches and the controllers, writes the recording, and releases every set still
+    /// held by our finalizer so the namespaces can go.
+    async fn teardown(mut self, seed: u64) {
+        for task in &self.watches {
+            task.abort();
+        }
+        self.controllers.stop();
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/chaos");
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join(format!("seed-{seed}.jsonl"));
+        if let Ok(mut file) = std::fs::File::create(&path) {
+            for obs in self.recorder.snapshot() {
+                let _ = writeln!(file, "{}", obs.to_json());
+            }
+            println!("chaos: recording in {}", path.display());
+        }
+        for ns in &self.ns_names {
+            if let Ok(out) = std::process::Command::new(support::kubectl_binary())
+                .arg("--kubeconfig")
+                .arg(&self.cluster.kubeconfig)
+                .args(["-n", ns, "get", "statefulsets", "-o", "name"])
+                .output()
+            {
+                for set in String::from_utf8_lossy(&out.stdout).lines() {
+                    let _ = std::process::Command::new(support::kubectl_binary())
+                        .arg("--kubeconfig")
+                        .arg(&self.cluster.kubeconfig)
+                        .args(["-n", ns, "patch", set, "--type=merge"])
+                        .args(["-p", r#"{"metadata":{"finalizers":null}}"#])
+                        .output();
+                }
+            }
+        }
+        self.namespaces.clear();
+    }
+}

@@ -1,0 +1,333 @@
+//! The end of a round (every set at its final size, the controllers idle) and the end of the run
+//! (every set deleted).
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::json;
+
+use super::world::{Snapshot, World, attempt, cleanup_template, looks_like_cleanup, phase};
+
+const POLL: Duration = Duration::from_millis(500);
+
+/// Why the cluster is not quiescent yet: cleanup pods left (invariant 3), anything else.
+#[derive(Default, Debug)]
+pub struct Unsettled {
+    pub cleanup_pods: Vec<String>,
+    pub other: Vec<String>,
+}
+
+impl Unsettled {
+    pub fn is_empty(&self) -> bool {
+        self.cleanup_pods.is_empty() && self.other.is_empty()
+    }
+}
+
+impl World {
+    /// Deletes the forged pods, scales every set to `finals`, and waits until the controllers
+    /// are idle: no cleanup pod left (a given-up pod of the failing set on an orphaned ordinal
+    /// excepted), no orphaned claim left (the failing set's stay, each under a given-up pod),
+    /// every wanted pod ready. Returns how long it took, or what was still unsettled at `timeout`.
+    pub async fn quiesce(
+        &mut self,
+        finals: &[i32],
+        timeout: Duration,
+    ) -> Result<Duration, Unsettled> {
+        for (i, &n) in finals.iter().enumerate() {
+            if let Err(e) = self.scale(i, n).await {
+                eprintln!("chaos: {e}");
+            }
+        }
+        let t0 = Instant::now();
+        loop {
+            self.controllers.revive();
+            self.top_up_pvs(false).await;
+            let unsettled = match self.snapshot().await {
+                Ok(snap) => {
+                    self.retire_forged(&snap).await;
+                    self.release_failed_wanted(&snap).await;
+                    let unsettled = self.unsettled(&snap);
+                    self.nudge_unready(&snap).await;
+                    unsettled
+                }
+                Err(e) => Unsettled {
+                    other: vec![format!("cannot list: {e}")],
+                    ..Unsettled::default()
+                },
+            };
+            if unsettled.is_empty() {
+                return Ok(t0.elapsed());
+            }
+            let dead = crate::support::dead_components();
+            if t0.elapsed() >= timeout || !dead.is_empty() {
+                return Err(unsettled);
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// A forged pod gets 5 s after it finished (more than a leader takeover) for the controller to
+    /// (mis)handle it, then a user
+    /// deletes it: the StatefulSet cannot bring its ordinal back while it holds the name.
+    async fn retire_forged(&mut self, snap: &Snapshot) {
+        let mut keep = Vec::new();
+        for (set, name, uid) in std::mem::take(&mut self.live_forged) {
+            let Some(pod) = snap.pods.iter().find(|p| p.uid().as_deref() == Some(&uid)) else {
+                continue;
+            };
+            if !matches!(phase(pod), "Succeeded" | "Failed") {
+                keep.push((set, name, uid));
+                continue;
+            }
+            let finished = *self
+                .forged_finished
+                .entry(uid.clone())
+                .or_insert_with(Instant::now);
+            if finished.elapsed() >= Duration::from_secs(5) {
+                self.delete_pod(set, &name, Some(&uid)).await;
+            } else {
+                keep.push((set, name, uid));
+            }
+        }
+        self.live_forged = keep;
+    }
+
+    /// The StatefulSet controller backs off (up to minutes) while a pod it does not own holds an
+    /// ordinal's name, and the pod's deletion does not wake it: touch the sets that lack pods.
+    async fn nudge_unready(&mut self, snap: &Snapshot) {
+        if self
+            .last_nudge
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(2))
+        {
+            return;
+        }
+        self.last_nudge = Some(Instant::now());
+        for (i, def) in self.sets.iter().enumerate() {
+            let ns = &self.ns_names[def.ns];
+            let lacking = snap.sets.iter().any(|s| {
+                s.name_any() == def.name
+                    && s.namespace().as_deref() == Some(ns)
+                    && s.status.as_ref().map_or(0, |st| st.replicas) < self.replicas[i]
+            });
+            if lacking {
+                let patch = json!({"metadata": {"annotations": {
+                    "chaos.scaledown.io/nudge": self.nudges.to_string()}}});
+                self.nudges += 1;
+                let _ = self
+                    .api::<StatefulSet>(i)
+                    .patch(def.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await;
+            }
+        }
+    }
+
+    /// A failed cleanup pod stays on an ordinal that is wanted again: a user deletes it so the
+    /// set can bring the ordinal back (README, "Scale-up during a cleanup").
+    async fn release_failed_wanted(&self, snap: &Snapshot) {
+        for pod in snap
+            .pods
+            .iter()
+            .filter(|p| looks_like_cleanup(p) && phase(p) == "Failed")
+        {
+            let ns = pod.namespace().unwrap_or_default();
+            if let Some((set, ordinal)) = self.owner_of(&ns, &pod.name_any(), false) {
+                if (ordinal as i32) < self.replicas[set]
+                    && pod.metadata.deletion_timestamp.is_none()
+                {
+                    self.delete_pod(set, &pod.name_any(), pod.uid().as_deref())
+                        .await;
+                }
+            }
+        }
+    }
+
+    fn unsettled(&self, snap: &Snapshot) -> Unsettled {
+        let mut out = Unsettled::default();
+        let given_up = |p: &Pod| phase(p) == "Failed" && attempt(p) >= 2;
+        for pod in snap.pods.iter().filter(|p| looks_like_cleanup(p)) {
+            let ns = pod.namespace().unwrap_or_default();
+            let owner = self.owner_of(&ns, &pod.name_any(), false);
+            let allowed = owner.is_some_and(|(set, ordinal)| {
+                self.sets[set].failing && ordinal as i32 >= self.replicas[set] && given_up(pod)
+            });
+            if !allowed {
+                let forged = self.forged.contains(&pod.uid().unwrap_or_default());
+                out.cleanup_pods.push(format!(
+                    "{}cleanup pod {ns}/{} uid {} phase {} attempt {}{}",
+                    if forged { "FORGED " } else { "" },
+                    pod.name_any(),
+                    super::check::short(&pod.uid().unwrap_or_default()),
+                    phase(pod),
+                    attempt(pod),
+                    if pod.metadata.deletion_timestamp.is_some() {
+                        " (terminating)"
+                    } else {
+                        ""
+                    },
+                ));
+            }
+        }
+        for claim in &snap.claims {
+            let ns = claim.namespace().unwrap_or_default();
+            let Some((set, ordinal)) = self.owner_of(&ns, &claim.name_any(), true) else {
+                continue;
+            };
+            if ordinal as i32 >= self.replicas[set] {
+                let def = &self.sets[set];
+                let held = snap.pods.iter().any(|p| {
+                    p.name_any() == format!("{}-{ordinal}", def.name)
+                        && p.namespace().as_deref() == Some(&ns)
+                        && given_up(p)
+                });
+                if !(def.failing && held) {
+                    out.other.push(format!(
+                        "orphaned claim {ns}/{} not cleaned",
+                        claim.name_any()
+                    ));
+                }
+            }
+        }
+        for (i, def) in self.sets.iter().enumerate() {
+            let ns = &self.ns_names[def.ns];
+            let set = snap
+                .sets
+                .iter()
+                .find(|s| s.name_any() == def.name && s.namespace().as_deref() == Some(ns));
+            let status = set.and_then(|s| s.status.as_ref());
+            let ready = status.and_then(|s| s.ready_replicas).unwrap_or(0);
+            let pods = status.map_or(0, |s| s.replicas);
+            let observed = set.is_some_and(|s| {
+                status.and_then(|st| st.observed_generation) == s.metadata.generation
+            });
+            if !observed || ready != self.replicas[i] || pods != self.replicas[i] {
+                out.other.push(format!(
+                    "{} has {pods} pods, {ready} ready, wants {}",
+                    def.name, self.replicas[i]
+                ));
+            }
+        }
+        out
+    }
+
+    /// Invariant (4): every set can be deleted. The failing set's template is fixed first (its
+    /// cleanups could never succeed, so its finalizer could never go) and its given-up pods are
+    /// deleted; then every set is deleted with background propagation and must be gone within
+    /// `timeout`, with no claim of it left. Returns the problems.
+    pub async fn delete_all(&mut self, timeout: Duration) -> Vec<String> {
+        let mut problems = Vec::new();
+        self.delete_forged().await;
+        let fixed = json!({"metadata": {"annotations": {
+            "statefulsets.kubernetes.io/scaledown-pod-template": cleanup_template(false)}}});
+        for i in 0..self.sets.len() {
+            if self.sets[i].failing {
+                let patched = self
+                    .api::<StatefulSet>(i)
+                    .patch(
+                        self.sets[i].name,
+                        &PatchParams::default(),
+                        &Patch::Merge(&fixed),
+                    )
+                    .await;
+                if let Err(e) = patched {
+                    problems.push(format!(
+                        "cannot fix the template of {}: {e}",
+                        self.sets[i].name
+                    ));
+                }
+            }
+        }
+        if let Ok(snap) = self.snapshot().await {
+            for pod in snap
+                .pods
+                .iter()
+                .filter(|p| looks_like_cleanup(p) && phase(p) == "Failed")
+            {
+                let ns = pod.namespace().unwrap_or_default();
+                if let Some((set, _)) = self.owner_of(&ns, &pod.name_any(), false) {
+                    self.delete_pod(set, &pod.name_any(), pod.uid().as_deref())
+                        .await;
+                }
+            }
+        }
+        for i in 0..self.sets.len() {
+            let deleted = self
+                .api::<StatefulSet>(i)
+                .delete(self.sets[i].name, &DeleteParams::background())
+                .await;
+            if let Err(e) = deleted {
+                problems.push(format!("cannot delete {}: {e}", self.sets[i].name));
+            }
+        }
+        problems.extend(self.wait_sets_gone(timeout).await);
+        problems
+    }
+
+    /// Waits until no StatefulSet is left; returns what was left at `timeout`, or the claims
+    /// that outlived their sets.
+    async fn wait_sets_gone(&mut self, timeout: Duration) -> Vec<String> {
+        let mut problems = Vec::new();
+        let t0 = Instant::now();
+        loop {
+            self.controllers.revive();
+            let snap = match self.snapshot().await {
+                Ok(snap) => snap,
+                Err(_) => {
+                    tokio::time::sleep(POLL).await;
+                    continue;
+                }
+            };
+            let left: Vec<String> = snap
+                .sets
+                .iter()
+                .map(|s| self.describe_left(s, &snap))
+                .collect();
+            if left.is_empty() {
+                problems.extend(
+                    snap.claims
+                        .iter()
+                        .filter(|c| c.metadata.deletion_timestamp.is_none())
+                        .map(|c| {
+                            format!(
+                                "claim {}/{} outlived its set",
+                                c.namespace().unwrap_or_default(),
+                                c.name_any()
+                            )
+                        }),
+                );
+                println!(
+                    "chaos: every set deleted in {:.1} s",
+                    t0.elapsed().as_secs_f64()
+                );
+                return problems;
+            }
+            if t0.elapsed() >= timeout {
+                problems.extend(
+                    left.into_iter()
+                        .map(|l| format!("not deleted after {timeout:?}: {l}")),
+                );
+                return problems;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    fn describe_left(&self, set: &StatefulSet, snap: &Snapshot) -> String {
+        let ns = set.namespace().unwrap_or_default();
+        let prefix = format!("{}-", set.name_any());
+        let pods: Vec<String> = snap
+            .pods
+            .iter()
+            .filter(|p| p.namespace().as_deref() == Some(&ns) && p.name_any().starts_with(&prefix))
+            .map(|p| format!("{} {}", p.name_any(), phase(p)))
+            .collect();
+        format!(
+            "StatefulSet {ns}/{} finalizers {:?}, pods [{}]",
+            set.name_any(),
+            set.finalizers(),
+            pods.join(", ")
+        )
+    }
+}
