@@ -114,6 +114,14 @@ impl Context {
         let Some((observed, plan)) = self.confirm(set, cached, plan, &refusals).await? else {
             return Ok(Action::await_change());
         };
+        debug!(
+            set = %observed.set.name,
+            namespace = %observed.set.namespace,
+            read = ?observed.read,
+            pods = ?observed.pod_roles(),
+            steps = plan.steps.len(),
+            "decided"
+        );
         let mut done = Done::default();
         let executed = self.actor.execute(&observed.set, &plan, &mut done).await;
         self.remember(set, &observed, &done);
