@@ -201,33 +201,34 @@ impl Context {
         Ok(())
     }
 
-    /// Cleanup pods in flight everywhere we watch: the cache, plus our creations it does not show yet.
-    fn cleanups_in_flight(&self, cleanup_pods: &[Arc<Pod>]) -> usize {
+    /// Cleanup pods in flight everywhere we watch, for `--max-concurrent-cleanups` only (without
+    /// a cap nothing needs the count): the cache, plus our creations it does not show yet.
+    fn cleanups_in_flight(&self) -> usize {
+        if self.policy.max_in_flight.is_none() {
+            return 0;
+        }
+        let cleanup_pods = self.stores.cleanup_pods.all();
         let cached = cleanup_pods
             .iter()
             .filter(|p| observe::in_flight(p))
             .count();
         let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
         created.retain(|(ns, name), at| {
-            at.elapsed() < CREATED_GRACE
-                && !cleanup_pods
-                    .iter()
-                    .any(|p| p.namespace().as_deref() == Some(ns) && p.name_any() == *name)
+            at.elapsed() < CREATED_GRACE && self.stores.cleanup_pods.get(ns, name).is_none()
         });
-        self.metrics.set_cleanups_running(cached);
         cached + created.len()
     }
 
     fn observe_cached(&self, set: &StatefulSet, refusals: &BTreeMap<u32, Rejection>) -> Observed {
-        let cleanup_pods = self.stores.cleanup_pods.state();
+        let slice = self.stores.slice(set);
         observe::observe(
             set,
             &Sources {
-                sets: &self.stores.sets.state(),
-                claims: &self.stores.claims.state(),
-                pods: &self.stores.pods.state(),
-                cleanups_in_flight: self.cleanups_in_flight(&cleanup_pods),
-                cleanup_pods: &cleanup_pods,
+                sets: &slice.sets,
+                claims: &slice.claims,
+                pods: &slice.pods,
+                cleanups_in_flight: self.cleanups_in_flight(),
+                cleanup_pods: &slice.cleanup_pods,
                 rejections: refusals.clone(),
                 read: SetRead::Cached,
                 now: Timestamp::now(),
@@ -256,13 +257,13 @@ impl Context {
         let Some(live) = self.get_set(&observe::set_facts(set)).await? else {
             return Ok(None);
         };
-        let cleanup_cache = self.stores.cleanup_pods.state();
-        let in_flight = self.cleanups_in_flight(&cleanup_cache);
+        let slice = self.stores.slice(&live);
+        let in_flight = self.cleanups_in_flight();
         let (claims, pods, cleanup_pods, read) = match depth {
             Confirm::Set => (
-                self.stores.claims.state(),
-                self.stores.pods.state(),
-                cleanup_cache,
+                slice.claims,
+                slice.pods,
+                slice.cleanup_pods,
                 SetRead::LiveSet,
             ),
             Confirm::SetAndNamespace => {
@@ -273,7 +274,7 @@ impl Context {
         Ok(Some(observe::observe(
             &live,
             &Sources {
-                sets: &self.stores.sets.state(),
+                sets: &slice.sets,
                 claims: &claims,
                 pods: &pods,
                 cleanup_pods: &cleanup_pods,
