@@ -20,7 +20,7 @@ use kube::{Client, ResourceExt};
 use tracing::{debug, warn};
 
 use crate::act::{Actor, Created, Done};
-use crate::decide::{self, Confirm, Plan, Policy, Verdict, decide};
+use crate::decide::{self, Confirm, Plan, Policy, Step, Verdict, decide};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::naming;
@@ -43,8 +43,6 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub leadership: Arc<crate::leader::Leadership>,
     pub resync: Duration,
-    /// With `--max-concurrent-cleanups` only: serialises creations so the cap holds.
-    cap: tokio::sync::Mutex<()>,
     /// Cleanup pods created by us that the cache may not show yet: (namespace, name) -> when.
     created: Mutex<HashMap<(String, String), Instant>>,
     /// What this process remembers per StatefulSet.
@@ -92,7 +90,6 @@ impl Context {
             actor,
             metrics,
             resync,
-            cap: tokio::sync::Mutex::new(()),
             created: Mutex::new(HashMap::new()),
             memory: Mutex::new(HashMap::new()),
         }
@@ -104,10 +101,6 @@ impl Context {
             // A standby only keeps its caches warm; it looks at every set when it becomes leader.
             return Ok(Action::await_change());
         }
-        let _cap = match self.policy.max_in_flight {
-            Some(_) => Some(self.cap.lock().await),
-            None => None,
-        };
         let refusals = self.refusals(set);
         let cached = self.observe_cached(set, &refusals);
         let plan = decide(&cached, &self.policy);
@@ -122,9 +115,10 @@ impl Context {
             steps = plan.steps.len(),
             "decided"
         );
+        let (plan, reserved) = self.admit(&observed.set, plan);
         let mut done = Done::default();
         let executed = self.actor.execute(&observed.set, &plan, &mut done).await;
-        self.remember(set, &observed, &done);
+        self.remember(set, &observed, &done, &reserved);
         // Pods created before a failed step are settled all the same.
         self.settle(&observed, done.created).await?;
         executed?;
@@ -202,17 +196,24 @@ impl Context {
     }
 
     /// Cleanup pods in flight everywhere we watch, for `--max-concurrent-cleanups` only (without
-    /// a cap nothing needs the count): the cache, plus our creations it does not show yet.
+    /// a cap nothing needs the count).
     fn cleanups_in_flight(&self) -> usize {
         if self.policy.max_in_flight.is_none() {
             return 0;
         }
-        let cleanup_pods = self.stores.cleanup_pods.all();
-        let cached = cleanup_pods
+        let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
+        self.in_flight(&mut created)
+    }
+
+    /// The cache's cleanup pods in flight, plus our creations it does not show yet.
+    fn in_flight(&self, created: &mut HashMap<(String, String), Instant>) -> usize {
+        let cached = self
+            .stores
+            .cleanup_pods
+            .all()
             .iter()
             .filter(|p| observe::in_flight(p))
             .count();
-        let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
         created.retain(|(ns, name), at| {
             at.elapsed() < CREATED_GRACE && self.stores.cleanup_pods.get(ns, name).is_none()
         });
@@ -331,7 +332,44 @@ impl Context {
     }
 
     /// Remembers what the writes of this pass did: refused creations count up, created ones reset.
-    fn remember(&self, set: &StatefulSet, observed: &Observed, done: &Done) {
+    /// With `--max-concurrent-cleanups`: takes the places the plan's creations need, as far as
+    /// the cap allows, by entering the pods as created before they are; the creations that found
+    /// no place are dropped from the plan (the set is looked at again on the next event or resync).
+    /// The lock is held for the count only, never across an API call, so the cap holds while
+    /// every set creates in parallel. Returns the plan and the names entered.
+    fn admit(&self, set: &SetFacts, mut plan: Plan) -> (Plan, Vec<String>) {
+        let Some(cap) = self.policy.max_in_flight else {
+            return (plan, Vec::new());
+        };
+        let creates = |s: &Step| matches!(s, Step::CreateCleanupPod { .. });
+        if !plan.steps.iter().any(creates) {
+            return (plan, Vec::new());
+        }
+        let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
+        let mut free = cap.saturating_sub(self.in_flight(&mut created));
+        let mut reserved = Vec::new();
+        let mut held_back = false;
+        plan.steps.retain(|step| {
+            let Step::CreateCleanupPod { ordinal, .. } = step else {
+                return true;
+            };
+            let name = naming::pod_name(&set.name, *ordinal);
+            if free == 0 {
+                held_back = true;
+                return false;
+            }
+            free -= 1;
+            created.insert((set.namespace.clone(), name.clone()), Instant::now());
+            reserved.push(name);
+            true
+        });
+        if held_back {
+            plan.requeue(decide::CAP_RECHECK);
+        }
+        (plan, reserved)
+    }
+
+    fn remember(&self, set: &StatefulSet, observed: &Observed, done: &Done, reserved: &[String]) {
         {
             let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
             let entry = memory.entry(ObjectRef::from(set)).or_default();
@@ -352,6 +390,12 @@ impl Context {
             }
         }
         let mut in_flight = self.created.lock().unwrap_or_else(|p| p.into_inner());
+        let ns = &observed.set.namespace;
+        for name in reserved {
+            if !done.created.iter().any(|c| c.name == *name) {
+                in_flight.remove(&(ns.clone(), name.clone()));
+            }
+        }
         for created in &done.created {
             let key = (observed.set.namespace.clone(), created.name.clone());
             in_flight.insert(key, Instant::now());
