@@ -184,6 +184,7 @@ impl Context {
                     )
                 })
                 .collect();
+            self.forget_created(&observed.set.namespace, &verdicts);
             let records = decide::next_records(on, observed, &runs);
             match self.actor.settle(on, &records, &verdicts).await {
                 Err(Error::Contended(_)) if attempt < RECORD_TRIES => {
@@ -202,22 +203,24 @@ impl Context {
             return 0;
         }
         let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
-        self.in_flight(&mut created)
+        self.forget_cached(&mut created);
+        self.cached_in_flight() + created.len()
     }
 
-    /// The cache's cleanup pods in flight, plus our creations it does not show yet.
-    fn in_flight(&self, created: &mut HashMap<(String, String), Instant>) -> usize {
-        let cached = self
-            .stores
+    fn cached_in_flight(&self) -> usize {
+        self.stores
             .cleanup_pods
             .all()
             .iter()
             .filter(|p| observe::in_flight(p))
-            .count();
+            .count()
+    }
+
+    /// Forgets our creations the cache shows by now (or that are too old to still be missing).
+    fn forget_cached(&self, created: &mut HashMap<(String, String), Instant>) {
         created.retain(|(ns, name), at| {
             at.elapsed() < CREATED_GRACE && self.stores.cleanup_pods.get(ns, name).is_none()
         });
-        cached + created.len()
     }
 
     fn observe_cached(&self, set: &StatefulSet, refusals: &BTreeMap<u32, Rejection>) -> Observed {
@@ -332,41 +335,54 @@ impl Context {
     }
 
     /// Remembers what the writes of this pass did: refused creations count up, created ones reset.
-    /// With `--max-concurrent-cleanups`: takes the places the plan's creations need, as far as
-    /// the cap allows, by entering the pods as created before they are; the creations that found
-    /// no place are dropped from the plan (the set is looked at again on the next event or resync).
-    /// The lock is held for the count only, never across an API call, so the cap holds while
-    /// every set creates in parallel. Returns the plan and the names entered.
+    /// Lets the plan's creations through once: a pod this process created that the cache does
+    /// not show yet is not created again (the API would answer 409, one request for nothing). With
+    /// `--max-concurrent-cleanups`, creations take their places under the cap by being entered as
+    /// created before they are; those that find no place are dropped, and the set looks again
+    /// soon. The lock is held for this count only, never across an API call, so every set creates
+    /// in parallel and the cap still holds. Returns the plan and the names entered.
     fn admit(&self, set: &SetFacts, mut plan: Plan) -> (Plan, Vec<String>) {
-        let Some(cap) = self.policy.max_in_flight else {
-            return (plan, Vec::new());
-        };
+        let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
+        // Every pass forgets what the cache shows by now: the pass that the pod's own watch
+        // event starts is one of them.
+        self.forget_cached(&mut created);
         let creates = |s: &Step| matches!(s, Step::CreateCleanupPod { .. });
         if !plan.steps.iter().any(creates) {
             return (plan, Vec::new());
         }
-        let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
-        let mut free = cap.saturating_sub(self.in_flight(&mut created));
-        let mut reserved = Vec::new();
-        let mut held_back = false;
+        let mut free = self.policy.max_in_flight.map_or(usize::MAX, |cap| {
+            cap.saturating_sub(self.cached_in_flight() + created.len())
+        });
+        let (mut reserved, mut held_back) = (Vec::new(), false);
         plan.steps.retain(|step| {
             let Step::CreateCleanupPod { ordinal, .. } = step else {
                 return true;
             };
-            let name = naming::pod_name(&set.name, *ordinal);
+            let key = (set.namespace.clone(), naming::pod_name(&set.name, *ordinal));
+            if created.contains_key(&key) {
+                return false;
+            }
             if free == 0 {
                 held_back = true;
                 return false;
             }
             free -= 1;
-            created.insert((set.namespace.clone(), name.clone()), Instant::now());
-            reserved.push(name);
+            reserved.push(key.1.clone());
+            created.insert(key, Instant::now());
             true
         });
         if held_back {
             plan.requeue(decide::CAP_RECHECK);
         }
         (plan, reserved)
+    }
+
+    /// Cancelled creations are no longer in flight, and may be created again.
+    fn forget_created(&self, ns: &str, verdicts: &[(Created, Verdict)]) {
+        let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
+        for (pod, _) in verdicts.iter().filter(|(_, v)| *v != Verdict::Run) {
+            created.remove(&(ns.to_string(), pod.name.clone()));
+        }
     }
 
     fn remember(&self, set: &StatefulSet, observed: &Observed, done: &Done, reserved: &[String]) {
