@@ -918,4 +918,6 @@ impl CleanupStep<'_> {
 }
 
 #[cfg(test)]
+mod props;
+#[cfg(test)]
 mod tests;
