@@ -77,8 +77,10 @@ fn forged_pod(set: &str, ordinal: u32, claims: Value) -> Pod {
 }
 
 /// Deletes whatever pod holds `pod`'s name and creates `pod` in its place, as fast as a user can;
-/// retried while the StatefulSet controller wins the race for the name. Returns the new UID.
-async fn replace_pod(pods: &Api<Pod>, pod: &Pod) -> String {
+/// retried while the StatefulSet controller wins the race for the name. Returns the new UID once
+/// the forged pod runs (read through `admin`): KWOK may still send a delete by name for the pod it
+/// was terminating, which then removes the forged pod instead; that attempt is retried as well.
+async fn replace_pod(pods: &Api<Pod>, admin: &Api<Pod>, pod: &Pod) -> String {
     let name = pod.name_any();
     let now = DeleteParams {
         grace_period_seconds: Some(0),
@@ -90,16 +92,36 @@ async fn replace_pod(pods: &Api<Pod>, pod: &Pod) -> String {
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => panic!("delete pod {name}: {e}"),
         }
-        match pods.create(&PostParams::default(), pod).await {
-            Ok(created) => {
-                eprintln!("forged pod {name} created at attempt {attempt}");
-                return created.uid().expect("uid");
-            }
+        let uid = match pods.create(&PostParams::default(), pod).await {
+            Ok(created) => created.uid().expect("uid"),
             Err(kube::Error::Api(s)) if s.code == 409 => continue,
             Err(e) => panic!("create forged pod {name}: {e}"),
+        };
+        if runs(admin, &name, &uid).await {
+            eprintln!("forged pod {name} created at attempt {attempt}");
+            return uid;
         }
+        eprintln!("forged pod {name} of attempt {attempt} was removed before it ran; again");
     }
     panic!("could not take the name {name} from the StatefulSet controller in 50 tries")
+}
+
+/// Waits until pod `name` with `uid` is Running; false if it is gone first (or after 30 s).
+async fn runs(pods: &Api<Pod>, name: &str, uid: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        match pods.get_opt(name).await {
+            Ok(Some(p)) if p.uid().as_deref() == Some(uid) => {
+                if recorder::phase(&p) == "Running" {
+                    return true;
+                }
+            }
+            Ok(_) => return false,
+            Err(_) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
 }
 
 /// ServiceAccount `forger` in `env`'s namespace that may only create and delete pods; returns a
@@ -208,7 +230,7 @@ async fn forged_pod_on_a_wanted_ordinal(test: &str, pods_only: bool) {
         env.pods()
     };
     let forged = forged_pod("s", 0, json!({"data-s-0": claim_uid}));
-    let forged_uid = replace_pod(&user, &forged).await;
+    let forged_uid = replace_pod(&user, &env.pods(), &forged).await;
     forged_pod_window(
         &env,
         "s",
@@ -258,7 +280,7 @@ async fn forged_pod_on_an_orphaned_ordinal_deletes_nothing() {
     })
     .await;
     let forged = forged_pod("s", 1, json!({"data-s-1": claim_uid}));
-    let forged_uid = replace_pod(&user, &forged).await;
+    let forged_uid = replace_pod(&user, &env.pods(), &forged).await;
     forged_pod_window(
         &env,
         "s",
