@@ -9,9 +9,10 @@ FUZZ_CASES ?= 1000000
 # The image, named in one place; artifacts/*.yaml use the same (a test checks it).
 IMAGE ?= ghcr.io/statefulset-scaledown/statefulset-scaledown-controller:0.1.0
 
-.PHONY: test fmt-check clippy unit fuzz props e2e chaos chaos-ci control-plane cluster-up cluster-down demo build image
+.PHONY: test fmt-check clippy unit fuzz props e2e e2e-faults chaos chaos-ci control-plane cluster-up cluster-down demo build image
 
-## test: formatting, lints, unit tests, e2e tests and a short seeded chaos run on the local control plane
+## test: formatting, lints, unit tests, e2e tests, the fault tests and a short seeded chaos run on the
+## local control plane
 test: fmt-check clippy unit e2e chaos-ci
 
 fmt-check:
@@ -32,10 +33,20 @@ PROPS_CASES ?= 1000000
 props:
 	PROPS_CASES=$(PROPS_CASES) $(CARGO) test --locked --lib decide::props -- --test-threads=2
 
-## e2e: starts the local control plane if none runs, runs tests/e2e_*.rs, stops what it started
+# Every tests/e2e_*.rs but the fault tests, which must run alone (`make e2e-faults`).
+E2E_TESTS := $(patsubst tests/%.rs,--test %,$(filter-out tests/e2e_faults.rs,$(sort $(wildcard tests/e2e_*.rs))))
+
+## e2e: starts the local control plane if none runs, runs tests/e2e_*.rs (but e2e_faults), stops
+## what it started
 e2e:
 	$(CARGO) build --locked --bins --tests
-	hack/with-cluster.sh $(CARGO) test --locked --test 'e2e_*' -- --test-threads=$(E2E_THREADS)
+	hack/with-cluster.sh $(CARGO) test --locked $(E2E_TESTS) -- --test-threads=$(E2E_THREADS)
+
+## e2e-faults: tests/e2e_faults.rs (API server restarts, SIGTERM in every state, leader churn), one
+## test at a time. It restarts kube-apiserver: do not run it beside other tests on one cluster.
+e2e-faults:
+	$(CARGO) build --locked --bins --test e2e_faults
+	hack/with-cluster.sh $(CARGO) test --locked --test e2e_faults -- --test-threads=1
 
 ## chaos: seeded chaos rounds with an invariant checker (tests/chaos.rs) on the local control plane;
 ## the same SEED replays the same actions. Do not run it beside other e2e tests on one cluster: its

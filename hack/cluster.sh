@@ -5,7 +5,9 @@
 #   hack/cluster.sh up       start it (returns at once if it already runs)
 #   hack/cluster.sh down     stop every process it started and remove its state
 #   hack/cluster.sh status   print whether it is up (exit 0 if up, 1 if not)
-#   hack/cluster.sh restart-apiserver [S]   stop kube-apiserver, wait S seconds, start it, wait ready
+#   hack/cluster.sh restart-apiserver [S]   stop kube-apiserver (SIGKILL after 3 s), wait S seconds,
+#                            start it, wait ready; then restart kube-scheduler (and kcm or kwok if
+#                            they died) and wait until they are healthy
 #
 # State lives in target/cluster/ (PKI, kubeconfigs, etcd data, pids/, logs/). The admin kubeconfig is
 # target/cluster/kubeconfig and kubectl is target/cluster/bin/kubectl.
@@ -80,20 +82,21 @@ proc_alive() {
   [[ -n "$st" && "$st" != Z ]]
 }
 
-# Stops one component: SIGTERM to its process group, SIGKILL after 10 s. A pid is only signalled
-# while it still is our process; its group id cannot be reused while the group has members.
+# Stops one component: SIGTERM to its process group, SIGKILL after $2 seconds (default 10). A pid is
+# only signalled while it still is our process; its group id cannot be reused while the group has
+# members.
 stop_component() {
-  local name=$1 pid
+  local name=$1 grace=${2:-10} pid
   pid=$(pid_of "$name") || return 0
   if is_ours "$pid"; then
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
     local i
-    for ((i = 0; i < 100; i++)); do
+    for ((i = 0; i < grace * 10; i++)); do
       group_alive "$pid" || proc_alive "$pid" || break
       sleep 0.1
     done
     if group_alive "$pid" || proc_alive "$pid"; then
-      log "$name (pid $pid) ignored SIGTERM for 10 s; sending SIGKILL"
+      log "$name (pid $pid) ignored SIGTERM for $grace s; sending SIGKILL"
       kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
       for ((i = 0; i < 50; i++)); do
         group_alive "$pid" || proc_alive "$pid" || break
@@ -387,6 +390,60 @@ start_apiserver() {
   wait_until 120 kube-apiserver "kube-apiserver /readyz" apiserver_ready
 }
 
+# Starts kube-controller-manager from the binaries in $1 (no wait).
+start_kcm() {
+  local bins=$1
+  # --pvclaimbinder-sync-period=3s (default 15s): a claim that the PV controller handles before its
+  # informer has seen a just-created static PV stays Pending until the next periodic sync; a short
+  # period keeps tests that create PVs and claims back to back from waiting 15 s.
+  start_component kube-controller-manager "$bins/kube-controller-manager" \
+    --kubeconfig="$state/kube-controller-manager.kubeconfig" \
+    --authentication-kubeconfig="$state/kube-controller-manager.kubeconfig" \
+    --authorization-kubeconfig="$state/kube-controller-manager.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$kcm_port" \
+    --authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics \
+    --leader-elect=false \
+    --controllers='*' \
+    --use-service-account-credentials=true \
+    --service-account-private-key-file="$pki/sa.key" \
+    --root-ca-file="$pki/ca.crt" \
+    --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
+    --cluster-name=scaledown-e2e \
+    --pvclaimbinder-sync-period=3s \
+    --kube-api-qps=100 --kube-api-burst=200 \
+    --profiling=false \
+    --v=1
+}
+
+# Starts kube-scheduler from the binaries in $1 (no wait).
+start_scheduler() {
+  local bins=$1
+  start_component kube-scheduler "$bins/kube-scheduler" \
+    --kubeconfig="$state/kube-scheduler.kubeconfig" \
+    --authentication-kubeconfig="$state/kube-scheduler.kubeconfig" \
+    --authorization-kubeconfig="$state/kube-scheduler.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$sched_port" \
+    --authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics \
+    --leader-elect=false \
+    --profiling=false \
+    --v=1
+}
+
+# Starts kwok from the binaries in $1 (no wait).
+start_kwok() {
+  local bins=$1
+  # HOME points into the state dir so that no ~/.kwok/kwok.yaml of the user is loaded.
+  start_component kwok env HOME="$state/kwok-home" "$bins/kwok" \
+    --kubeconfig="$state/kubeconfig" \
+    --config="$state/kwok.yaml" \
+    --manage-all-nodes=false \
+    --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+    --cidr=10.244.0.0/16 \
+    --node-ip=10.240.0.1 \
+    --node-lease-duration-seconds=40 \
+    --server-address="127.0.0.1:$kwok_port"
+}
+
 cmd_up() {
   local t0=$SECONDS
   mkdir -p "$root/target"
@@ -453,45 +510,9 @@ cmd_up() {
 
   start_apiserver "$bins"
 
-  # --pvclaimbinder-sync-period=3s (default 15s): a claim that the PV controller handles before its
-  # informer has seen a just-created static PV stays Pending until the next periodic sync; a short
-  # period keeps tests that create PVs and claims back to back from waiting 15 s.
-  start_component kube-controller-manager "$bins/kube-controller-manager" \
-    --kubeconfig="$state/kube-controller-manager.kubeconfig" \
-    --authentication-kubeconfig="$state/kube-controller-manager.kubeconfig" \
-    --authorization-kubeconfig="$state/kube-controller-manager.kubeconfig" \
-    --bind-address=127.0.0.1 --secure-port="$kcm_port" \
-    --authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics \
-    --leader-elect=false \
-    --controllers='*' \
-    --use-service-account-credentials=true \
-    --service-account-private-key-file="$pki/sa.key" \
-    --root-ca-file="$pki/ca.crt" \
-    --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
-    --cluster-name=scaledown-e2e \
-    --pvclaimbinder-sync-period=3s \
-    --kube-api-qps=100 --kube-api-burst=200 \
-    --profiling=false \
-    --v=1
-  start_component kube-scheduler "$bins/kube-scheduler" \
-    --kubeconfig="$state/kube-scheduler.kubeconfig" \
-    --authentication-kubeconfig="$state/kube-scheduler.kubeconfig" \
-    --authorization-kubeconfig="$state/kube-scheduler.kubeconfig" \
-    --bind-address=127.0.0.1 --secure-port="$sched_port" \
-    --authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics \
-    --leader-elect=false \
-    --profiling=false \
-    --v=1
-  # HOME points into the state dir so that no ~/.kwok/kwok.yaml of the user is loaded.
-  start_component kwok env HOME="$state/kwok-home" "$bins/kwok" \
-    --kubeconfig="$state/kubeconfig" \
-    --config="$state/kwok.yaml" \
-    --manage-all-nodes=false \
-    --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-    --cidr=10.244.0.0/16 \
-    --node-ip=10.240.0.1 \
-    --node-lease-duration-seconds=40 \
-    --server-address="127.0.0.1:$kwok_port"
+  start_kcm "$bins"
+  start_scheduler "$bins"
+  start_kwok "$bins"
   wait_until 60 kube-controller-manager "kube-controller-manager /healthz" kcm_healthy
   wait_until 60 kube-scheduler "kube-scheduler /healthz" sched_healthy
   wait_until 60 kwok "kwok /healthz" kwok_healthy
@@ -530,14 +551,32 @@ cmd_down() {
 
 # Stops kube-apiserver (SIGTERM), keeps it down for $1 seconds (default 0), starts it again and
 # waits for /readyz. Prints "[timing] restart-apiserver ready-at <unix ms>" when it is ready again.
+#
+# kube-apiserver may ignore SIGTERM for about 10 s (it drains its watches), so it is SIGKILLed after
+# 3 s. kube-scheduler does not survive an API server restart reliably ("Scheduler cache is
+# corrupted" a little later), so it is restarted once the API server is ready; kcm and kwok are
+# started again if they died. The command returns when all of them are healthy.
 cmd_restart_apiserver() {
   local down=${1:-0} bins
   is_up || fail "" "no cluster is up"
   bins=$(sed -n 's/^binaries=//p' "$state/endpoints")
-  stop_component kube-apiserver
+  stop_component kube-apiserver 3
   sleep "$down"
   start_apiserver "$bins"
   echo "[timing] restart-apiserver ready-at $(date +%s%3N)"
+  stop_component kube-scheduler 3
+  start_scheduler "$bins"
+  if ! component_alive kube-controller-manager; then
+    log "kube-controller-manager died during the restart; starting it again"
+    start_kcm "$bins"
+  fi
+  if ! component_alive kwok; then
+    log "kwok died during the restart; starting it again"
+    start_kwok "$bins"
+  fi
+  wait_until 60 kube-scheduler "kube-scheduler /healthz" sched_healthy
+  wait_until 60 kube-controller-manager "kube-controller-manager /healthz" kcm_healthy
+  wait_until 60 kwok "kwok /healthz" kwok_healthy
 }
 
 cmd_status() {

@@ -1,11 +1,22 @@
-//! The one place that wires watches, the controller and shutdown together.
+//! The one place that wires watches, the controller, HTTP and shutdown together.
+//!
+//! [`start`] is the process after flag parsing: signals, client, [`run`]. `run` reads as its steps:
+//! settings from the flags, the watches, HTTP, the reconcile context, the controller (with or
+//! without election), then a bounded shutdown.
+//!
+//! Shutdown: the first SIGTERM or SIGINT stops new work. Running reconciles, the release of the
+//! Lease and the HTTP servers get [`SHUTDOWN_GRACE`] to finish; whatever still runs then is dropped.
+//! Cutting a pass short is safe: every write is idempotent and checked again on the next pass, as
+//! after a crash. A second signal exits at once with 128 + the signal's number.
 
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-
-use futures::{StreamExt, TryStreamExt};
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::Api;
@@ -13,9 +24,13 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::Reporter;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, Config, Resource, ResourceExt};
-use tracing::{debug, info, warn};
+use serde::de::DeserializeOwned;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
 
 use crate::act::Actor;
 use crate::cli::{Args, LogFormat};
@@ -26,10 +41,12 @@ use crate::leader::{self, Leadership};
 use crate::metrics::Metrics;
 use crate::naming;
 use crate::reconcile::{Context, error_policy, reconcile};
-use crate::watch::{self, Stores};
+use crate::watch::{self, Stores, WatchBackoff};
 
 /// Name the controller reports Events and writes under.
 pub const CONTROLLER_NAME: &str = "statefulset-scaledown-controller";
+/// How long shutdown waits for running reconciles, the release of the Lease and the HTTP servers.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
 
 /// Installs the global tracing subscriber from the flags.
 pub fn init_logging(args: &Args) {
@@ -77,103 +94,226 @@ where
     }
 }
 
-/// Runs the controller until `shutdown` resolves (then drains, releases the Lease and returns Ok)
-/// or leadership is lost (then returns `Err`).
+/// The process after flag parsing: listens for signals, builds the client, runs. Returns the exit
+/// code: 0 after a signal, 1 on an error (configuration, lost leadership).
+pub async fn start(args: Args) -> i32 {
+    let stop = on_signals();
+    let result = match client(&args).await {
+        Ok(client) => run(args, client, stop.cancelled_owned()).await,
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            error!(error = %e, "exiting");
+            1
+        }
+    }
+}
+
+/// Listens for SIGTERM and SIGINT: the first cancels the returned token (a graceful stop), a second
+/// one exits the process at once with 128 + its number.
+pub fn on_signals() -> CancellationToken {
+    use tokio::signal::unix::{Signal, SignalKind, signal};
+    let token = CancellationToken::new();
+    let (term, int) = (SignalKind::terminate(), SignalKind::interrupt());
+    let (Ok(mut on_term), Ok(mut on_int)) = (signal(term), signal(int)) else {
+        warn!("cannot listen for signals; running until killed");
+        return token;
+    };
+    async fn next(on_term: &mut Signal, on_int: &mut Signal) -> (&'static str, SignalKind) {
+        tokio::select! {
+            _ = on_term.recv() => ("SIGTERM", SignalKind::terminate()),
+            _ = on_int.recv() => ("SIGINT", SignalKind::interrupt()),
+        }
+    }
+    tokio::spawn({
+        let token = token.clone();
+        async move {
+            let (name, _) = next(&mut on_term, &mut on_int).await;
+            info!("{name} received, shutting down");
+            token.cancel();
+            let (name, kind) = next(&mut on_term, &mut on_int).await;
+            warn!("{name} received again; exiting at once");
+            std::process::exit(128 + kind.as_raw_value());
+        }
+    });
+    token
+}
+
+/// What `run` needs from the flags, checked before anything starts.
+struct Settings {
+    namespace: Option<String>,
+    metrics: Option<SocketAddr>,
+    probes: Option<SocketAddr>,
+    election: Option<leader::ElectionConfig>,
+}
+
+impl Settings {
+    fn from_args(args: &Args) -> Result<Settings> {
+        Ok(Settings {
+            namespace: args.scope()?,
+            metrics: http::bind_address(&args.metrics_bind_address)?,
+            probes: http::bind_address(&args.health_probe_bind_address)?,
+            election: election_config(args)?,
+        })
+    }
+}
+
+/// Runs the controller until `shutdown` resolves (then stops within [`SHUTDOWN_GRACE`], releases
+/// the Lease and returns Ok) or leadership is lost (then returns `Err`).
 pub async fn run(
     args: Args,
     client: Client,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let namespace = args.scope()?;
-    let ns = namespace.as_deref();
-    let metrics_addr = http::bind_address(&args.metrics_bind_address)?;
-    let probe_addr = http::bind_address(&args.health_probe_bind_address)?;
-    let election = election_config(&args)?;
+    let settings = Settings::from_args(&args)?;
     info!(
-        namespace = ns.unwrap_or("<all>"),
+        namespace = settings.namespace.as_deref().unwrap_or("<all>"),
         dry_run = args.dry_run,
         leader_elect = args.leader_elect,
         "starting"
     );
-
     let stop = CancellationToken::new();
     tokio::spawn({
         let stop = stop.clone();
         async move {
-            shutdown.await;
-            stop.cancel();
+            tokio::select! {
+                _ = shutdown => stop.cancel(),
+                _ = stop.cancelled() => {}
+            }
         }
     });
     let metrics = Arc::new(Metrics::default());
-    let leadership = Arc::new(if election.is_some() {
-        Leadership::elected()
-    } else {
-        Leadership::always()
+    let leadership = Arc::new(match settings.election {
+        Some(_) => Leadership::elected(),
+        None => Leadership::always(),
     });
-    metrics.set_leader(election.is_none());
-    let config = watcher::Config::default();
+    metrics.set_leader(settings.election.is_none());
 
-    let claims = Index::default();
-    let claim_events = watcher(
-        api::<PartialObjectMeta<PersistentVolumeClaim>>(&client, ns),
-        config.clone(),
-    )
-    .modify(|c| watch::prune_meta(c, &[naming::NEXT_ATTEMPT_ANNOTATION]))
-    .default_backoff()
-    .map_ok(indexed(&claims))
-    .touched_objects();
-    let pods = Index::default();
-    let pod_events = watcher(api::<Pod>(&client, ns), config.clone())
-        .modify(watch::prune_pod)
-        .default_backoff()
-        .map_ok(indexed(&pods))
-        .touched_objects();
-    let cleanup_pods = Index::default();
-    let cleanup_events = watcher(
-        api::<Pod>(&client, ns),
-        config.clone().labels(naming::CLEANUP_LABEL),
-    )
-    .modify(|p| p.managed_fields_mut().clear())
-    .default_backoff()
-    .map_ok(indexed(&cleanup_pods))
-    .touched_objects();
+    let watches = Watches::new(&client, settings.namespace.as_deref());
+    let servers = start_http(&settings, &metrics, &watches.stores, &stop).await?;
+    let ctx = context(
+        &args,
+        &client,
+        watches.stores.clone(),
+        &metrics,
+        &leadership,
+    );
+    let controller = controller(watches, ctx.clone(), args.concurrency, &leadership, &stop);
+    tokio::pin!(controller);
+    let mut election = settings
+        .election
+        .map(|config| spawn_election(client, config, &leadership, &metrics, &stop));
 
-    let controller = Controller::new(api::<StatefulSet>(&client, ns), config)
-        .with_config(controller::Config::default().concurrency(args.concurrency));
-    let stores = Stores {
-        sets: controller.store(),
-        claims,
-        pods,
-        cleanup_pods,
-    };
+    let lost = until_stopped(controller.as_mut(), &mut election, &stop).await;
+    stop.cancel();
+    let deadline = Instant::now() + SHUTDOWN_GRACE;
+    let outcome = wind_down(controller, election, lost, &ctx, deadline).await;
+    stop_servers(servers, deadline).await;
+    info!("stopped");
+    outcome
+}
 
-    // HTTP: metrics and probes; ready once every cache has synced, unready again on shutdown.
+/// The caches and the change streams the controller runs on. Every watch restores itself after an
+/// error (`watch::restarting`), so none of these streams ever yields an error.
+struct Watches {
+    stores: Stores,
+    sets: BoxStream<'static, watcher::Result<StatefulSet>>,
+    claims: BoxStream<'static, watcher::Result<PartialObjectMeta<PersistentVolumeClaim>>>,
+    pods: BoxStream<'static, watcher::Result<Pod>>,
+    cleanup_pods: BoxStream<'static, watcher::Result<Pod>>,
+}
+
+impl Watches {
+    fn new(client: &Client, ns: Option<&str>) -> Watches {
+        let all = watcher::Config::default();
+        let cleanup = all.clone().labels(naming::CLEANUP_LABEL);
+        let (sets, sets_writer) = reflector::store();
+        let sets_stream = restarting("statefulsets", api(client, ns), all.clone(), |_| {});
+        let claims_stream = restarting("claims", api(client, ns), all.clone(), prune_claim);
+        let pods_stream = restarting("pods", api(client, ns), all, watch::prune_pod);
+        let cleanup_stream = restarting("cleanup pods", api(client, ns), cleanup, |p: &mut Pod| {
+            p.managed_fields_mut().clear()
+        });
+        let (claims, pods, cleanup_pods) = (Index::default(), Index::default(), Index::default());
+        Watches {
+            sets: reflector(sets_writer, sets_stream)
+                .applied_objects()
+                .boxed(),
+            claims: claims_stream
+                .map_ok(indexed(&claims))
+                .touched_objects()
+                .boxed(),
+            pods: pods_stream.map_ok(indexed(&pods)).touched_objects().boxed(),
+            cleanup_pods: cleanup_stream
+                .map_ok(indexed(&cleanup_pods))
+                .touched_objects()
+                .boxed(),
+            stores: Stores {
+                sets,
+                claims,
+                pods,
+                cleanup_pods,
+            },
+        }
+    }
+}
+
+/// A watch of `api` that restores itself, its objects pruned by `prune` before they are cached.
+fn restarting<K>(
+    what: &'static str,
+    api: Api<K>,
+    config: watcher::Config,
+    prune: fn(&mut K),
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    watch::restarting(what, move || {
+        watcher(api.clone(), config.clone()).modify(prune)
+    })
+}
+
+fn prune_claim(claim: &mut PartialObjectMeta<PersistentVolumeClaim>) {
+    watch::prune_meta(claim, &[naming::NEXT_ATTEMPT_ANNOTATION]);
+}
+
+/// Starts the metrics and probe servers that are not turned off, and the readiness flag: ready once
+/// every cache has synced, unready again when shutdown begins.
+async fn start_http(
+    settings: &Settings,
+    metrics: &Arc<Metrics>,
+    stores: &Stores,
+    stop: &CancellationToken,
+) -> Result<Vec<JoinHandle<Result<()>>>> {
     let probe = Probe {
         ready: Arc::new(AtomicBool::new(false)),
         metrics: metrics.clone(),
         stores: stores.clone(),
     };
+    let endpoints = [
+        (
+            settings.metrics,
+            "metrics",
+            http::metrics_router(probe.clone()),
+        ),
+        (
+            settings.probes,
+            "health probes",
+            http::probes_router(probe.clone()),
+        ),
+    ];
     let mut servers = Vec::new();
-    if let Some(addr) = metrics_addr {
-        let listener = http::bind("metrics", addr).await?;
-        let app = http::metrics_router(probe.clone());
-        servers.push(tokio::spawn(http::serve(
-            listener,
-            app,
-            stop.clone().cancelled_owned(),
-        )));
-    }
-    if let Some(addr) = probe_addr {
-        let listener = http::bind("health probes", addr).await?;
-        let app = http::probes_router(probe.clone());
-        servers.push(tokio::spawn(http::serve(
-            listener,
-            app,
-            stop.clone().cancelled_owned(),
-        )));
+    for (addr, what, router) in endpoints {
+        let Some(addr) = addr else { continue };
+        let listener = http::bind(what, addr).await?;
+        let stopped = stop.clone().cancelled_owned();
+        servers.push(tokio::spawn(http::serve(listener, router, stopped)));
     }
     tokio::spawn({
-        let (stores, ready, stop) = (stores.clone(), probe.ready.clone(), stop.clone());
+        use std::sync::atomic::Ordering;
+        let (stores, ready, stop) = (stores.clone(), probe.ready, stop.clone());
         async move {
             tokio::select! {
                 synced = stores.ready() => if synced.is_ok() {
@@ -186,7 +326,17 @@ pub async fn run(
             ready.store(false, Ordering::SeqCst);
         }
     });
+    Ok(servers)
+}
 
+/// What every reconcile shares: client, caches, policy, the writer and the per-set memory.
+fn context(
+    args: &Args,
+    client: &Client,
+    stores: Stores,
+    metrics: &Arc<Metrics>,
+    leadership: &Arc<Leadership>,
+) -> Arc<Context> {
     let reporter = Reporter {
         controller: CONTROLLER_NAME.into(),
         instance: Some(args.identity()),
@@ -198,23 +348,43 @@ pub async fn run(
         metrics.clone(),
         leadership.clone(),
     );
-    let ctx = Arc::new(Context::new(
+    Arc::new(Context::new(
         client.clone(),
-        stores.clone(),
+        stores,
         args.policy(),
         actor,
         metrics.clone(),
         leadership.clone(),
         args.resync_period,
-    ));
+    ))
+}
 
-    let sets = stores.sets.clone();
-    let controller = controller
-        .watches_stream(claim_events, move |claim| {
-            watch::sets_of_claim(&claim, &sets)
+/// kube's Controller over the watches, as one future; after `stop` it takes no new work and ends
+/// once the running reconciles have.
+fn controller(
+    watches: Watches,
+    ctx: Arc<Context>,
+    concurrency: u16,
+    leadership: &Leadership,
+    stop: &CancellationToken,
+) -> impl Future<Output = ()> + Send + 'static {
+    let Watches {
+        stores,
+        sets,
+        claims,
+        pods,
+        cleanup_pods,
+    } = watches;
+    let cached_sets = stores.sets.clone();
+    Controller::for_stream(sets, stores.sets)
+        .with_config(controller::Config::default().concurrency(concurrency))
+        // The watches never yield errors; should one ever reach the Controller, retry soon.
+        .trigger_backoff(WatchBackoff::default())
+        .watches_stream(claims, move |claim| {
+            watch::sets_of_claim(&claim, &cached_sets)
         })
-        .watches_stream(pod_events, |pod| watch::set_of_pod(&pod))
-        .watches_stream(cleanup_events, |pod| watch::set_of_pod(&pod))
+        .watches_stream(pods, |pod| watch::set_of_pod(&pod))
+        .watches_stream(cleanup_pods, |pod| watch::set_of_pod(&pod))
         // A new leader looks at every set at once instead of waiting for the resync.
         .reconcile_all_on(became_leader(leadership.subscribe()))
         .graceful_shutdown_on(stop.clone().cancelled_owned())
@@ -229,51 +399,101 @@ pub async fn run(
                 }
                 Err(e) => warn!(error = %e, "watch or queue error"),
             }
-        });
-    tokio::pin!(controller);
+        })
+}
 
-    let outcome = match election {
-        None => {
-            controller.await;
-            Ok(())
-        }
-        Some(config) => {
-            let mut election = tokio::spawn({
-                let (leadership, metrics, stop) =
-                    (leadership.clone(), metrics.clone(), stop.clone());
-                async move {
-                    leader::run(
-                        client,
-                        config,
-                        &leadership,
-                        &metrics,
-                        stop.cancelled_owned(),
-                    )
-                    .await
-                }
-            });
-            let joined = |r: std::result::Result<Result<()>, tokio::task::JoinError>| {
-                r.unwrap_or_else(|e| Err(Error::Task(format!("election task: {e}"))))
-            };
-            tokio::select! {
-                _ = &mut controller => joined(election.await),
-                result = &mut election => {
-                    // Leadership ended first (lost): stop, drain, report.
-                    stop.cancel();
-                    controller.await;
-                    joined(result)
-                }
-            }
+fn spawn_election(
+    client: Client,
+    config: leader::ElectionConfig,
+    leadership: &Arc<Leadership>,
+    metrics: &Arc<Metrics>,
+    stop: &CancellationToken,
+) -> JoinHandle<Result<()>> {
+    let (leadership, metrics, stop) = (leadership.clone(), metrics.clone(), stop.clone());
+    tokio::spawn(async move {
+        leader::run(
+            client,
+            config,
+            &leadership,
+            &metrics,
+            stop.cancelled_owned(),
+        )
+        .await
+    })
+}
+
+fn joined(result: std::result::Result<Result<()>, tokio::task::JoinError>) -> Result<()> {
+    result.unwrap_or_else(|e| Err(Error::Task(format!("election task: {e}"))))
+}
+
+/// Runs until `stop`, or until the election ends first (leadership lost): then its result.
+async fn until_stopped(
+    controller: Pin<&mut impl Future<Output = ()>>,
+    election: &mut Option<JoinHandle<Result<()>>>,
+    stop: &CancellationToken,
+) -> Option<Result<()>> {
+    let election_ended = async {
+        match election.as_mut() {
+            Some(task) => task.await,
+            None => std::future::pending().await,
         }
     };
-    stop.cancel();
-    for server in servers {
-        if let Ok(Err(e)) = server.await {
-            warn!(error = %e, "http server failed");
+    let lost = tokio::select! {
+        _ = stop.cancelled() => None,
+        // The controller ends only after `stop`.
+        _ = controller => None,
+        ended = election_ended => Some(joined(ended)),
+    };
+    if lost.is_some() {
+        *election = None;
+    }
+    lost
+}
+
+/// After `stop`: lets running reconciles finish and the election release the Lease until
+/// `deadline`, then drops whatever still runs. The outcome is the election's.
+async fn wind_down(
+    controller: Pin<&mut impl Future<Output = ()>>,
+    election: Option<JoinHandle<Result<()>>>,
+    lost: Option<Result<()>>,
+    ctx: &Context,
+    deadline: Instant,
+) -> Result<()> {
+    let drained = tokio::time::timeout_at(deadline, async {
+        tokio::select! {
+            _ = controller => {},
+            _ = ctx.idle() => {},
+        }
+    })
+    .await;
+    if drained.is_err() {
+        warn!(grace = ?SHUTDOWN_GRACE, "reconciles still running at the end of the shutdown grace; stopping them");
+    }
+    match (lost, election) {
+        (Some(result), _) => result,
+        (None, None) => Ok(()),
+        (None, Some(mut task)) => match tokio::time::timeout_at(deadline, &mut task).await {
+            Ok(result) => joined(result),
+            Err(_) => {
+                task.abort();
+                warn!(
+                    "the Lease was not released within the shutdown grace; it expires on its own"
+                );
+                Ok(())
+            }
+        },
+    }
+}
+
+/// Waits for the HTTP servers until `deadline`, then drops them.
+async fn stop_servers(servers: Vec<JoinHandle<Result<()>>>, deadline: Instant) {
+    for mut server in servers {
+        match tokio::time::timeout_at(deadline, &mut server).await {
+            Ok(Ok(Err(e))) => warn!(error = %e, "http server failed"),
+            Ok(_) => {}
+            Err(_) => server.abort(),
         }
     }
-    info!("stopped");
-    outcome
 }
 
 /// Passes a watcher event on after applying it to `index`.
@@ -333,24 +553,4 @@ fn became_leader(
             }
         }
     })
-}
-
-/// Resolves on the first SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => info!("SIGTERM received, shutting down"),
-                _ = int.recv() => info!("SIGINT received, shutting down"),
-            }
-        }
-        _ => {
-            warn!("cannot listen for signals; running until killed");
-            std::future::pending::<()>().await;
-        }
-    }
 }

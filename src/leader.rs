@@ -78,6 +78,9 @@ impl Leadership {
     }
 }
 
+/// How long the release of the Lease may take at shutdown (within the process's shutdown grace).
+const RELEASE_TIMEOUT: Duration = Duration::from_millis(400);
+
 /// Election settings, from the flags.
 #[derive(Clone, Debug)]
 pub struct ElectionConfig {
@@ -98,9 +101,10 @@ pub async fn run(
     metrics: &Metrics,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
+    tokio::pin!(shutdown);
     let lease_secs = config.lease_duration.as_secs().max(2);
     let deadline_secs = config.renew_deadline.as_secs().clamp(1, lease_secs - 1);
-    let manager = LeaseManagerBuilder::new(client.clone(), &config.lease_name)
+    let build = LeaseManagerBuilder::new(client.clone(), &config.lease_name)
         .with_namespace(&config.namespace)
         .with_identity(&config.identity)
         .with_duration(lease_secs)
@@ -108,19 +112,21 @@ pub async fn run(
         // lands well before writes would stop.
         .with_grace(lease_secs - (deadline_secs / 2).max(1))
         .with_create_mode(LeaseCreateMode::AutoCreate)
-        .build()
-        .await
-        .map_err(|e| {
+        .build();
+    // Building reads (or creates) the Lease: an API call that may never answer.
+    let manager = tokio::select! {
+        _ = &mut shutdown => return Ok(()),
+        built = build => built.map_err(|e| {
             Error::Config(format!(
                 "leader election Lease {}/{}: {e}",
                 config.namespace, config.lease_name
             ))
-        })?;
+        })?,
+    };
     let (mut manager_says, task) = manager.watch().await;
     let leases: Api<Lease> = Api::namespaced(client, &config.namespace);
     let deadline = Duration::from_secs(deadline_secs);
     let mut tick = tokio::time::interval(config.retry_period.max(Duration::from_millis(200)));
-    tokio::pin!(shutdown);
     info!(lease = %config.lease_name, namespace = %config.namespace, identity = %config.identity, "waiting for leadership");
 
     let outcome = loop {
@@ -158,7 +164,7 @@ pub async fn run(
     leadership.set(false, None);
     metrics.set_leader(false);
     drop(manager_says);
-    match tokio::time::timeout(Duration::from_secs(3), task).await {
+    match tokio::time::timeout(RELEASE_TIMEOUT, task).await {
         Ok(Ok(Ok(_))) => info!("released the leader Lease"),
         Ok(Ok(Err(e))) => warn!(error = %e, "could not release the leader Lease"),
         Ok(Err(e)) => warn!(error = %e, "lease task failed"),

@@ -2,10 +2,10 @@ use clap::Parser;
 use statefulset_scaledown_controller::{app, cli::Args};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() {
     let args = Args::parse();
     app::init_logging(&args);
-    let client = app::client(&args).await?;
-    app::run(args, client, app::shutdown_signal()).await?;
-    Ok(())
+    // Exits without waiting for tasks that are still running (a request to an API server that never
+    // answers): `app::start` has already given them their grace.
+    std::process::exit(app::start(args).await);
 }

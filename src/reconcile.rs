@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,17 +22,23 @@ use tracing::{debug, warn};
 
 use crate::act::{Actor, Created, Done};
 use crate::decide::{self, Confirm, Plan, Policy, Step, Verdict, decide};
-use crate::error::{Error, Result};
+use crate::error::{Category, Error, Result};
 use crate::metrics::Metrics;
 use crate::naming;
 use crate::observe::{self, Observed, Record, Rejection, SetFacts, SetRead, Sources};
 use crate::watch::{self, Stores};
 
-/// How long a cleanup pod we created counts as in flight before the cache shows it.
-const CREATED_GRACE: Duration = Duration::from_secs(60);
+/// How long a cleanup pod we created counts as in flight (and is not created again) before the
+/// cache shows it. Short: a pod deleted by someone else before our watch saw it (the StatefulSet
+/// controller or a kubelet finishing the ordinal's old pod by name) is created again after this.
+const CREATED_GRACE: Duration = Duration::from_secs(5);
 /// Error backoff per StatefulSet: first retry after this, doubling per failure.
 const ERROR_BACKOFF_BASE: Duration = Duration::from_secs(1);
 const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// Cap of that backoff for transport errors (the API server could not be reached): they say nothing
+/// about the set, so it is tried again soon after the API server is back. The relist that follows
+/// an outage also looks at every set at once (see `watch::restarting`).
+const TRANSPORT_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Reads of the set for one record of new cleanup pods, when the set keeps changing under us.
 const RECORD_TRIES: usize = 3;
 
@@ -47,6 +54,24 @@ pub struct Context {
     created: Mutex<HashMap<(String, String), Instant>>,
     /// What this process remembers per StatefulSet.
     memory: Mutex<HashMap<ObjectRef<StatefulSet>, Memory>>,
+    /// Reconciles running now (shutdown waits for them, within its grace).
+    running: AtomicUsize,
+}
+
+/// Counts one running reconcile for as long as it lives (also when it is dropped half-way).
+struct Running<'a>(&'a AtomicUsize);
+
+impl<'a> Running<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Running(count)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// What one StatefulSet's past passes left behind.
@@ -92,6 +117,14 @@ impl Context {
             resync,
             created: Mutex::new(HashMap::new()),
             memory: Mutex::new(HashMap::new()),
+            running: AtomicUsize::new(0),
+        }
+    }
+
+    /// Resolves once no reconcile is running.
+    pub async fn idle(&self) {
+        while self.running.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
@@ -433,6 +466,7 @@ impl Context {
 
 /// The reconciler handed to kube's Controller.
 pub async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action> {
+    let _running = Running::new(&ctx.running);
     let started = Instant::now();
     let result = ctx.pass(&set).await;
     ctx.metrics.reconciled(
@@ -449,9 +483,35 @@ pub async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
 /// Capped exponential backoff per StatefulSet; other sets are not slowed down.
 pub fn error_policy(set: Arc<StatefulSet>, err: &Error, ctx: Arc<Context>) -> Action {
     let n = ctx.count_failure(&set, true);
-    let delay = ERROR_BACKOFF_BASE
-        .saturating_mul(2u32.saturating_pow(n.saturating_sub(1)))
-        .min(ERROR_BACKOFF_MAX);
+    let delay = error_backoff(n, err.category());
     warn!(set = %set.name_any(), namespace = ?set.namespace(), category = err.category().as_str(), retry_in = ?delay, "reconcile failed: {err}");
     Action::requeue(delay)
+}
+
+/// The wait after the `failures`-th failed pass in a row: 1 s doubling to 5 min, or to
+/// [`TRANSPORT_BACKOFF_MAX`] when the API server could not be reached.
+fn error_backoff(failures: u32, category: Category) -> Duration {
+    let cap = match category {
+        Category::Transport => TRANSPORT_BACKOFF_MAX,
+        _ => ERROR_BACKOFF_MAX,
+    };
+    ERROR_BACKOFF_BASE
+        .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1)))
+        .min(cap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_backoff_doubles_and_transport_errors_retry_soon() {
+        let secs = |n, c| error_backoff(n, c).as_secs();
+        let forbidden: Vec<u64> = (1..=10).map(|n| secs(n, Category::Forbidden)).collect();
+        assert_eq!(forbidden, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300]);
+        let transport: Vec<u64> = (1..=5).map(|n| secs(n, Category::Transport)).collect();
+        assert_eq!(transport, [1, 2, 4, 5, 5]);
+        assert_eq!(secs(u32::MAX, Category::Transport), 5);
+        assert_eq!(secs(u32::MAX, Category::ServerError), 300);
+    }
 }

@@ -161,7 +161,7 @@ async fn restart_apiserver() -> String {
                 "apiserver restarted in {:.1} s{}{}",
                 t0.elapsed().as_secs_f64(),
                 if stalled {
-                    " (it ignored SIGTERM for 10 s)"
+                    " (it ignored SIGTERM for 3 s and was SIGKILLed)"
                 } else {
                     ""
                 },

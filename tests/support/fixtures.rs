@@ -93,7 +93,12 @@ impl Controller {
                 .arg(kubeconfig)
                 .args(args)
                 .envs(env.iter().copied())
-                .env("RUST_LOG", "info,statefulset_scaledown_controller=debug")
+                // SCALEDOWN_E2E_RUST_LOG replaces the filter, e.g. to add `kube_runtime=debug`.
+                .env(
+                    "RUST_LOG",
+                    std::env::var("SCALEDOWN_E2E_RUST_LOG")
+                        .unwrap_or("info,statefulset_scaledown_controller=debug".into()),
+                )
                 .stdout(Stdio::null())
                 .stderr(file)
                 .kill_on_drop(true)

@@ -19,6 +19,7 @@ use kube::runtime::watcher::{self, Event as WatchEvent};
 use kube::runtime::{WatchStreamExt, watcher::Config};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
+use statefulset_scaledown_controller::watch::WatchBackoff;
 
 const POLL: Duration = Duration::from_millis(50);
 
@@ -103,7 +104,11 @@ where
         let started = Instant::now();
         let sink = log.clone();
         let task = tokio::spawn(async move {
-            let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+            // The controller's own short backoff: after an API server restart the recorder is back
+            // within about 2 s, so the times it records are not its own recovery.
+            let mut stream = watcher::watcher(api, config)
+                .backoff(WatchBackoff::default())
+                .boxed();
             while let Some(item) = stream.next().await {
                 let mut log = sink.lock().unwrap_or_else(|p| p.into_inner());
                 match item {
