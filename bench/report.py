@@ -360,6 +360,8 @@ def cdf(ax, values, **kw):
 
 
 def plot_latencies(plt, runs, scenario):
+    from matplotlib.ticker import NullFormatter
+
     r = latest(runs, scenario)
     before = baseline(runs, scenario, r)
     c, n = phase(r, "controller"), phase(r, "native")
@@ -376,6 +378,7 @@ def plot_latencies(plt, runs, scenario):
             cdf(ax, [max(v, 0.1) for v in latencies(phase(before, "controller"), start, end)],
                 label=f"controller before @{commit_of(before)}", linestyle="--")
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("ms (log)")
         ax.set_ylabel("fraction of ordinals")
         ax.set_title(label, fontsize=10)
