@@ -9,7 +9,7 @@ FUZZ_CASES ?= 1000000
 # The image, named in one place; artifacts/*.yaml use the same (a test checks it).
 IMAGE ?= ghcr.io/statefulset-scaledown/statefulset-scaledown-controller:0.1.0
 
-.PHONY: test fmt-check clippy unit fuzz e2e chaos chaos-ci bench bench-report control-plane cluster-up cluster-down demo build image
+.PHONY: test fmt-check clippy unit fuzz props e2e chaos chaos-ci bench bench-report control-plane cluster-up cluster-down demo build image
 
 ## test: formatting, lints, unit tests, e2e tests and a short seeded chaos run on the local control plane
 test: fmt-check clippy unit e2e chaos-ci
@@ -27,6 +27,11 @@ unit:
 ## fuzz: the template parser fuzz harness with FUZZ_CASES inputs; prints the count and peak RSS
 fuzz:
 	FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test --locked --lib template::fuzz -- --nocapture
+
+## props: the property tests over decide with PROPS_CASES cases (`make unit` runs 100,000)
+PROPS_CASES ?= 1000000
+props:
+	PROPS_CASES=$(PROPS_CASES) $(CARGO) test --locked --lib decide::props -- --test-threads=2
 
 ## e2e: starts the local control plane if none runs, runs tests/e2e_*.rs, stops what it started
 e2e:

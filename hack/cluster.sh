@@ -381,6 +381,8 @@ start_apiserver() {
     --endpoint-reconciler-type=none \
     --allow-privileged=true \
     --profiling=false \
+    --audit-policy-file="$here/audit-policy.yaml" --audit-log-path="$logs/audit.log" \
+    --audit-log-maxsize=200 --audit-log-maxbackup=1 \
     --v=1
   wait_until 120 kube-apiserver "kube-apiserver /readyz" apiserver_ready
 }

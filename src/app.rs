@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio_util::sync::CancellationToken;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::Api;
@@ -13,7 +13,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::Reporter;
-use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Config, Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
@@ -21,6 +21,7 @@ use crate::act::Actor;
 use crate::cli::{Args, LogFormat};
 use crate::error::{Error, Result};
 use crate::http::{self, Probe};
+use crate::index::{Index, Keys};
 use crate::leader::{self, Leadership};
 use crate::metrics::Metrics;
 use crate::naming;
@@ -112,34 +113,29 @@ pub async fn run(
     metrics.set_leader(election.is_none());
     let config = watcher::Config::default();
 
-    let (claims, claims_writer) = reflector::store();
-    let claim_events = reflector(
-        claims_writer,
-        watcher(
-            api::<PartialObjectMeta<PersistentVolumeClaim>>(&client, ns),
-            config.clone(),
-        )
-        .modify(|c| watch::prune_meta(c, &[naming::NEXT_ATTEMPT_ANNOTATION])),
+    let claims = Index::default();
+    let claim_events = watcher(
+        api::<PartialObjectMeta<PersistentVolumeClaim>>(&client, ns),
+        config.clone(),
     )
+    .modify(|c| watch::prune_meta(c, &[naming::NEXT_ATTEMPT_ANNOTATION]))
     .default_backoff()
+    .map_ok(indexed(&claims))
     .touched_objects();
-    let (pods, pods_writer) = reflector::store();
-    let pod_events = reflector(
-        pods_writer,
-        watcher(api::<Pod>(&client, ns), config.clone()).modify(watch::prune_pod),
+    let pods = Index::default();
+    let pod_events = watcher(api::<Pod>(&client, ns), config.clone())
+        .modify(watch::prune_pod)
+        .default_backoff()
+        .map_ok(indexed(&pods))
+        .touched_objects();
+    let cleanup_pods = Index::default();
+    let cleanup_events = watcher(
+        api::<Pod>(&client, ns),
+        config.clone().labels(naming::CLEANUP_LABEL),
     )
+    .modify(|p| p.managed_fields_mut().clear())
     .default_backoff()
-    .touched_objects();
-    let (cleanup_pods, cleanup_writer) = reflector::store();
-    let cleanup_events = reflector(
-        cleanup_writer,
-        watcher(
-            api::<Pod>(&client, ns),
-            config.clone().labels(naming::CLEANUP_LABEL),
-        )
-        .modify(|p| p.managed_fields_mut().clear()),
-    )
-    .default_backoff()
+    .map_ok(indexed(&cleanup_pods))
     .touched_objects();
 
     let controller = Controller::new(api::<StatefulSet>(&client, ns), config)
@@ -215,7 +211,7 @@ pub async fn run(
     let sets = stores.sets.clone();
     let controller = controller
         .watches_stream(claim_events, move |claim| {
-            watch::sets_of_claim(&claim, &sets.state())
+            watch::sets_of_claim(&claim, &sets)
         })
         .watches_stream(pod_events, |pod| watch::set_of_pod(&pod))
         .watches_stream(cleanup_events, |pod| watch::set_of_pod(&pod))
@@ -278,6 +274,18 @@ pub async fn run(
     }
     info!("stopped");
     outcome
+}
+
+/// Passes a watcher event on after applying it to `index`.
+fn indexed<K>(index: &Index<K>) -> impl FnMut(watcher::Event<K>) -> watcher::Event<K> + use<K>
+where
+    K: kube::Resource + Keys + Clone,
+{
+    let index = index.clone();
+    move |event| {
+        index.apply(&event);
+        event
+    }
 }
 
 fn election_config(args: &Args) -> Result<Option<leader::ElectionConfig>> {

@@ -36,6 +36,9 @@ use crate::observe::{
 use crate::reason::Reason;
 use crate::template::{self, Target};
 
+/// How soon a set whose cleanups wait for room under `--max-concurrent-cleanups` looks again.
+pub const CAP_RECHECK: Duration = Duration::from_secs(2);
+
 /// Operator settings that shape decisions.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
@@ -216,7 +219,7 @@ impl Plan {
         }));
     }
 
-    fn requeue(&mut self, after: Duration) {
+    pub fn requeue(&mut self, after: Duration) {
         self.requeue_after = Some(self.requeue_after.map_or(after, |d| d.min(after)));
     }
 
@@ -521,11 +524,16 @@ fn create_cleanup_pods(
         .policy
         .max_in_flight
         .map_or(usize::MAX, |cap| cap.saturating_sub(o.cleanups_in_flight));
-    let allowed = chosen
+    let eligible: Vec<u32> = chosen
         .into_iter()
         .filter(|n| !refused_too_recently(view, *n, plan))
-        .take(room);
-    for ordinal in allowed.collect::<Vec<_>>() {
+        .collect();
+    if eligible.len() > room {
+        // Held back by `--max-concurrent-cleanups`: look again soon, as no event of this set
+        // says when another set's cleanup ends.
+        plan.requeue(CAP_RECHECK);
+    }
+    for ordinal in eligible.into_iter().take(room) {
         if let Some(facts) = o.ordinals.get(&ordinal) {
             create_one(view, template, ordinal, facts, plan);
         }
@@ -909,5 +917,7 @@ impl CleanupStep<'_> {
     }
 }
 
+#[cfg(test)]
+mod props;
 #[cfg(test)]
 mod tests;

@@ -86,8 +86,12 @@ async fn metrics(State(probe): State<Probe>) -> impl IntoResponse {
     // Computed at scrape time from the caches: claims left behind by sets that did not opt in.
     if probe.ready.load(Ordering::SeqCst) {
         let counts =
-            observe::unmanaged_orphans(&probe.stores.sets.state(), &probe.stores.claims.state());
+            observe::unmanaged_orphans(&probe.stores.sets.state(), &probe.stores.claims.all());
         probe.metrics.set_orphaned_claims(&counts);
+        let running = probe.stores.cleanup_pods.all();
+        probe
+            .metrics
+            .set_cleanups_running(running.iter().filter(|p| observe::in_flight(p)).count());
     }
     (
         [(

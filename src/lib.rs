@@ -23,6 +23,7 @@ pub mod cli;
 pub mod decide;
 pub mod error;
 pub mod http;
+pub mod index;
 pub mod leader;
 pub mod metrics;
 pub mod naming;

@@ -294,6 +294,25 @@ pub fn observe(set: &StatefulSet, sources: &Sources<'_>) -> Observed {
     }
 }
 
+impl Observed {
+    /// `name: role` of every pod named after an ordinal, for logs.
+    pub fn pod_roles(&self) -> Vec<String> {
+        self.ordinals
+            .values()
+            .filter_map(|o| o.pod.as_ref())
+            .map(|p| {
+                let role = match &p.role {
+                    PodRole::Stateful => "stateful",
+                    PodRole::Cleanup(_) => "cleanup",
+                    PodRole::Unproven { .. } => "unproven",
+                    PodRole::Foreign => "foreign",
+                };
+                format!("{}({}): {role}", p.name, p.uid)
+            })
+            .collect()
+    }
+}
+
 /// Claim name -> pods that mount it and have not finished.
 fn claim_users<'a>(pods: &[&'a Pod]) -> BTreeMap<&'a str, Vec<String>> {
     let mut users: BTreeMap<&str, Vec<String>> = BTreeMap::new();

@@ -20,7 +20,7 @@ use kube::{Client, ResourceExt};
 use tracing::{debug, warn};
 
 use crate::act::{Actor, Created, Done};
-use crate::decide::{self, Confirm, Plan, Policy, Verdict, decide};
+use crate::decide::{self, Confirm, Plan, Policy, Step, Verdict, decide};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::naming;
@@ -43,8 +43,6 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub leadership: Arc<crate::leader::Leadership>,
     pub resync: Duration,
-    /// With `--max-concurrent-cleanups` only: serialises creations so the cap holds.
-    cap: tokio::sync::Mutex<()>,
     /// Cleanup pods created by us that the cache may not show yet: (namespace, name) -> when.
     created: Mutex<HashMap<(String, String), Instant>>,
     /// What this process remembers per StatefulSet.
@@ -92,7 +90,6 @@ impl Context {
             actor,
             metrics,
             resync,
-            cap: tokio::sync::Mutex::new(()),
             created: Mutex::new(HashMap::new()),
             memory: Mutex::new(HashMap::new()),
         }
@@ -104,19 +101,24 @@ impl Context {
             // A standby only keeps its caches warm; it looks at every set when it becomes leader.
             return Ok(Action::await_change());
         }
-        let _cap = match self.policy.max_in_flight {
-            Some(_) => Some(self.cap.lock().await),
-            None => None,
-        };
         let refusals = self.refusals(set);
         let cached = self.observe_cached(set, &refusals);
         let plan = decide(&cached, &self.policy);
         let Some((observed, plan)) = self.confirm(set, cached, plan, &refusals).await? else {
             return Ok(Action::await_change());
         };
+        debug!(
+            set = %observed.set.name,
+            namespace = %observed.set.namespace,
+            read = ?observed.read,
+            pods = ?observed.pod_roles(),
+            steps = plan.steps.len(),
+            "decided"
+        );
+        let (plan, reserved) = self.admit(&observed.set, plan);
         let mut done = Done::default();
         let executed = self.actor.execute(&observed.set, &plan, &mut done).await;
-        self.remember(set, &observed, &done);
+        self.remember(set, &observed, &done, &reserved);
         // Pods created before a failed step are settled all the same.
         self.settle(&observed, done.created).await?;
         executed?;
@@ -182,6 +184,7 @@ impl Context {
                     )
                 })
                 .collect();
+            self.forget_created(&observed.set.namespace, &verdicts);
             let records = decide::next_records(on, observed, &runs);
             match self.actor.settle(on, &records, &verdicts).await {
                 Err(Error::Contended(_)) if attempt < RECORD_TRIES => {
@@ -193,33 +196,43 @@ impl Context {
         Ok(())
     }
 
-    /// Cleanup pods in flight everywhere we watch: the cache, plus our creations it does not show yet.
-    fn cleanups_in_flight(&self, cleanup_pods: &[Arc<Pod>]) -> usize {
-        let cached = cleanup_pods
+    /// Cleanup pods in flight everywhere we watch, for `--max-concurrent-cleanups` only (without
+    /// a cap nothing needs the count).
+    fn cleanups_in_flight(&self) -> usize {
+        if self.policy.max_in_flight.is_none() {
+            return 0;
+        }
+        let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
+        self.forget_cached(&mut created);
+        self.cached_in_flight() + created.len()
+    }
+
+    fn cached_in_flight(&self) -> usize {
+        self.stores
+            .cleanup_pods
+            .all()
             .iter()
             .filter(|p| observe::in_flight(p))
-            .count();
-        let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
+            .count()
+    }
+
+    /// Forgets our creations the cache shows by now (or that are too old to still be missing).
+    fn forget_cached(&self, created: &mut HashMap<(String, String), Instant>) {
         created.retain(|(ns, name), at| {
-            at.elapsed() < CREATED_GRACE
-                && !cleanup_pods
-                    .iter()
-                    .any(|p| p.namespace().as_deref() == Some(ns) && p.name_any() == *name)
+            at.elapsed() < CREATED_GRACE && self.stores.cleanup_pods.get(ns, name).is_none()
         });
-        self.metrics.set_cleanups_running(cached);
-        cached + created.len()
     }
 
     fn observe_cached(&self, set: &StatefulSet, refusals: &BTreeMap<u32, Rejection>) -> Observed {
-        let cleanup_pods = self.stores.cleanup_pods.state();
+        let slice = self.stores.slice(set);
         observe::observe(
             set,
             &Sources {
-                sets: &self.stores.sets.state(),
-                claims: &self.stores.claims.state(),
-                pods: &self.stores.pods.state(),
-                cleanups_in_flight: self.cleanups_in_flight(&cleanup_pods),
-                cleanup_pods: &cleanup_pods,
+                sets: &slice.sets,
+                claims: &slice.claims,
+                pods: &slice.pods,
+                cleanups_in_flight: self.cleanups_in_flight(),
+                cleanup_pods: &slice.cleanup_pods,
                 rejections: refusals.clone(),
                 read: SetRead::Cached,
                 now: Timestamp::now(),
@@ -248,13 +261,13 @@ impl Context {
         let Some(live) = self.get_set(&observe::set_facts(set)).await? else {
             return Ok(None);
         };
-        let cleanup_cache = self.stores.cleanup_pods.state();
-        let in_flight = self.cleanups_in_flight(&cleanup_cache);
+        let slice = self.stores.slice(&live);
+        let in_flight = self.cleanups_in_flight();
         let (claims, pods, cleanup_pods, read) = match depth {
             Confirm::Set => (
-                self.stores.claims.state(),
-                self.stores.pods.state(),
-                cleanup_cache,
+                slice.claims,
+                slice.pods,
+                slice.cleanup_pods,
                 SetRead::LiveSet,
             ),
             Confirm::SetAndNamespace => {
@@ -265,7 +278,7 @@ impl Context {
         Ok(Some(observe::observe(
             &live,
             &Sources {
-                sets: &self.stores.sets.state(),
+                sets: &slice.sets,
                 claims: &claims,
                 pods: &pods,
                 cleanup_pods: &cleanup_pods,
@@ -322,7 +335,57 @@ impl Context {
     }
 
     /// Remembers what the writes of this pass did: refused creations count up, created ones reset.
-    fn remember(&self, set: &StatefulSet, observed: &Observed, done: &Done) {
+    /// Lets the plan's creations through once: a pod this process created that the cache does
+    /// not show yet is not created again (the API would answer 409, one request for nothing). With
+    /// `--max-concurrent-cleanups`, creations take their places under the cap by being entered as
+    /// created before they are; those that find no place are dropped, and the set looks again
+    /// soon. The lock is held for this count only, never across an API call, so every set creates
+    /// in parallel and the cap still holds. Returns the plan and the names entered.
+    fn admit(&self, set: &SetFacts, mut plan: Plan) -> (Plan, Vec<String>) {
+        let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
+        // Every pass forgets what the cache shows by now: the pass that the pod's own watch
+        // event starts is one of them.
+        self.forget_cached(&mut created);
+        let creates = |s: &Step| matches!(s, Step::CreateCleanupPod { .. });
+        if !plan.steps.iter().any(creates) {
+            return (plan, Vec::new());
+        }
+        let mut free = self.policy.max_in_flight.map_or(usize::MAX, |cap| {
+            cap.saturating_sub(self.cached_in_flight() + created.len())
+        });
+        let (mut reserved, mut held_back) = (Vec::new(), false);
+        plan.steps.retain(|step| {
+            let Step::CreateCleanupPod { ordinal, .. } = step else {
+                return true;
+            };
+            let key = (set.namespace.clone(), naming::pod_name(&set.name, *ordinal));
+            if created.contains_key(&key) {
+                return false;
+            }
+            if free == 0 {
+                held_back = true;
+                return false;
+            }
+            free -= 1;
+            reserved.push(key.1.clone());
+            created.insert(key, Instant::now());
+            true
+        });
+        if held_back {
+            plan.requeue(decide::CAP_RECHECK);
+        }
+        (plan, reserved)
+    }
+
+    /// Cancelled creations are no longer in flight, and may be created again.
+    fn forget_created(&self, ns: &str, verdicts: &[(Created, Verdict)]) {
+        let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
+        for (pod, _) in verdicts.iter().filter(|(_, v)| *v != Verdict::Run) {
+            created.remove(&(ns.to_string(), pod.name.clone()));
+        }
+    }
+
+    fn remember(&self, set: &StatefulSet, observed: &Observed, done: &Done, reserved: &[String]) {
         {
             let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
             let entry = memory.entry(ObjectRef::from(set)).or_default();
@@ -343,6 +406,12 @@ impl Context {
             }
         }
         let mut in_flight = self.created.lock().unwrap_or_else(|p| p.into_inner());
+        let ns = &observed.set.namespace;
+        for name in reserved {
+            if !done.created.iter().any(|c| c.name == *name) {
+                in_flight.remove(&(ns.clone(), name.clone()));
+            }
+        }
         for created in &done.created {
             let key = (observed.set.namespace.clone(), created.name.clone());
             in_flight.insert(key, Instant::now());

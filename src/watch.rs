@@ -1,27 +1,53 @@
 //! WATCH: the caches we decide from and the mapping of every change to the StatefulSet it concerns.
 //!
-//! Four watches: StatefulSets (full objects: spec and annotations are read), claims and pods as
-//! metadata only (names, UIDs, owners, deletion marks are all we need of them), and a full watch of
-//! cleanup pods only (label `scaledown-pod`), whose phase and volumes we read.
+//! Four watches: StatefulSets (full objects: spec and annotations are read), claims as metadata
+//! only, every pod pruned to what observe reads (`prune_pod`), and cleanup pods (label
+//! `scaledown-pod`) in full, for their failure details. Claims and pods live in [`Index`]es, so
+//! that one pass gathers what its set has ([`Stores::slice`]) without copying whole caches.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::core::PartialObjectMeta;
+use std::collections::BTreeMap;
+
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 
+use crate::index::{Index, Keys};
 use crate::naming;
 
 /// The caches, shared by the controller and the HTTP readiness probe.
 #[derive(Clone)]
 pub struct Stores {
     pub sets: Store<StatefulSet>,
-    pub claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
-    /// Every pod, pruned by `prune_pod` to what observe reads.
-    pub pods: Store<Pod>,
-    pub cleanup_pods: Store<Pod>,
+    pub claims: Index<PartialObjectMeta<PersistentVolumeClaim>>,
+    /// Every pod, pruned by `prune_pod` to what observe reads; also found by the claims it mounts.
+    pub pods: Index<Pod>,
+    pub cleanup_pods: Index<Pod>,
+}
+
+/// A pod is also found by the names of the claims it mounts (their users).
+impl Keys for Pod {
+    fn keys(&self) -> Vec<String> {
+        self.spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .filter_map(|v| Some(v.persistent_volume_claim.as_ref()?.claim_name.clone()))
+            .collect()
+    }
+}
+
+impl Keys for PartialObjectMeta<PersistentVolumeClaim> {}
+
+/// What one pass over a set looks at, gathered from the caches: see [`Stores::slice`].
+#[derive(Default)]
+pub struct Slice {
+    pub sets: Vec<Arc<StatefulSet>>,
+    pub claims: Vec<Arc<PartialObjectMeta<PersistentVolumeClaim>>>,
+    pub pods: Vec<Arc<Pod>>,
+    pub cleanup_pods: Vec<Arc<Pod>>,
 }
 
 impl Stores {
@@ -31,24 +57,94 @@ impl Stores {
     /// oneshot receiver for all waiters), and the Controller waits on the StatefulSet store too. So
     /// readiness is polled again on a short tick instead of trusting one wake-up.
     pub async fn ready(&self) -> Result<(), crate::error::Error> {
-        use crate::error::Error::CacheNotReady;
-        async fn one<K>(store: &Store<K>, what: &'static str) -> Result<(), crate::error::Error>
-        where
-            K: kube::Resource + Clone + 'static,
-            K::DynamicType: Eq + std::hash::Hash + Clone,
-        {
-            loop {
-                match tokio::time::timeout(READY_POLL, store.wait_until_ready()).await {
-                    Ok(result) => return result.map_err(|_| CacheNotReady(what)),
-                    Err(_elapsed) => continue,
+        loop {
+            match tokio::time::timeout(READY_POLL, self.sets.wait_until_ready()).await {
+                Ok(result) => {
+                    result.map_err(|_| crate::error::Error::CacheNotReady("statefulset"))?;
+                    break;
+                }
+                Err(_elapsed) => continue,
+            }
+        }
+        self.claims.wait_ready().await;
+        self.pods.wait_ready().await;
+        self.cleanup_pods.wait_ready().await;
+        Ok(())
+    }
+
+    /// The objects a pass over `set` looks at: its claims (by name prefix per claim template),
+    /// the pods named after it and the pods that mount its claims, its cleanup pods, and the other
+    /// StatefulSets whose claims could carry the same names. O(what the set has), not O(cluster).
+    pub fn slice(&self, set: &StatefulSet) -> Slice {
+        let (ns, name) = (set.namespace().unwrap_or_default(), set.name_any());
+        let mut claims = BTreeMap::new();
+        for template in claim_templates(set) {
+            let prefix = format!("{template}-{name}-");
+            for claim in self.claims.prefixed(&ns, &prefix) {
+                claims.insert(claim.name_any(), claim);
+            }
+        }
+        let pod_prefix = format!("{name}-");
+        let mut pods: BTreeMap<String, Arc<Pod>> = self
+            .pods
+            .prefixed(&ns, &pod_prefix)
+            .into_iter()
+            .map(|p| (p.name_any(), p))
+            .collect();
+        let mut sets = BTreeMap::new();
+        for claim in claims.keys() {
+            for user in self.pods.keyed(&ns, claim) {
+                pods.insert(user.name_any(), user);
+            }
+            for other in sets_of_claim_name(&ns, claim, &self.sets) {
+                if other.name_any() != name {
+                    sets.insert(other.name_any(), other);
                 }
             }
         }
-        one(&self.sets, "statefulset").await?;
-        one(&self.claims, "claim").await?;
-        one(&self.pods, "pod").await?;
-        one(&self.cleanup_pods, "cleanup pod").await
+        Slice {
+            sets: sets.into_values().collect(),
+            claims: claims.into_values().collect(),
+            pods: pods.into_values().collect(),
+            cleanup_pods: self.cleanup_pods.prefixed(&ns, &pod_prefix),
+        }
     }
+}
+
+fn claim_templates(set: &StatefulSet) -> impl Iterator<Item = &str> {
+    set.spec
+        .iter()
+        .flat_map(|spec| spec.volume_claim_templates.iter().flatten())
+        .filter_map(|t| t.metadata.name.as_deref())
+}
+
+/// The names a StatefulSet must have for `claim` to be one of its claims: `claim` is
+/// `<template>-<set>-<ordinal>` and both template and set may contain dashes, so every dash before
+/// the ordinal may end the template.
+pub fn candidate_sets(claim: &str) -> Vec<&str> {
+    let Some(last) = claim.rfind('-') else {
+        return Vec::new();
+    };
+    if naming::parse_ordinal(&claim[last + 1..]).is_none() {
+        return Vec::new();
+    }
+    claim[..last]
+        .match_indices('-')
+        .map(|(i, _)| &claim[i + 1..last])
+        .filter(|set| !set.is_empty())
+        .collect()
+}
+
+/// The StatefulSets of `ns` whose claim templates give a claim the name `claim`.
+fn sets_of_claim_name(ns: &str, claim: &str, sets: &Store<StatefulSet>) -> Vec<Arc<StatefulSet>> {
+    candidate_sets(claim)
+        .into_iter()
+        .filter_map(|name| sets.get(&ObjectRef::new(name).within(ns)))
+        .filter(|set| {
+            let name = set.name_any();
+            claim_templates(set).any(|t| naming::claim_ordinal(claim, t, &name).is_some())
+        })
+        .collect()
 }
 
 /// How often a wait for cache readiness looks again.
@@ -75,10 +171,11 @@ pub fn set_of_pod<K: Resource>(pod: &K) -> Option<ObjectRef<StatefulSet>> {
     }
 }
 
-/// The StatefulSets whose claim templates give a claim this name, in the claim's namespace.
+/// The StatefulSets whose claim templates give a claim this name, in the claim's namespace: a
+/// handful of lookups by name, whatever the number of sets.
 pub fn sets_of_claim<K: Resource>(
     claim: &K,
-    sets: &[Arc<StatefulSet>],
+    sets: &Store<StatefulSet>,
 ) -> Vec<ObjectRef<StatefulSet>> {
     let (Some(ns), Some(name)) = (
         claim.meta().namespace.as_deref(),
@@ -86,16 +183,8 @@ pub fn sets_of_claim<K: Resource>(
     ) else {
         return Vec::new();
     };
-    sets.iter()
-        .filter(|s| s.namespace().as_deref() == Some(ns))
-        .filter(|s| {
-            let set = s.name_any();
-            s.spec
-                .iter()
-                .flat_map(|spec| spec.volume_claim_templates.iter().flatten())
-                .filter_map(|t| t.metadata.name.as_deref())
-                .any(|t| naming::claim_ordinal(name, t, &set).is_some())
-        })
+    sets_of_claim_name(ns, name, sets)
+        .iter()
         .map(|s| ObjectRef::from(s.as_ref()))
         .collect()
 }
@@ -189,24 +278,43 @@ mod tests {
         }
     }
 
+    fn store(sets: Vec<Arc<StatefulSet>>) -> Store<StatefulSet> {
+        let (reader, mut writer) = kube::runtime::reflector::store();
+        for set in sets {
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(set.as_ref().clone()));
+        }
+        reader
+    }
+
+    #[test]
+    fn candidates_are_every_split_before_the_ordinal() {
+        assert_eq!(candidate_sets("data-web-2-0"), ["web-2", "2"]);
+        assert_eq!(candidate_sets("b-c-a-1"), ["c-a", "a"]);
+        assert!(candidate_sets("data-web-01").is_empty());
+        assert!(candidate_sets("data--0").is_empty());
+        assert!(candidate_sets("plain").is_empty());
+    }
+
     #[test]
     fn claims_map_to_every_set_they_fit() {
-        let sets = vec![
+        let sets = store(vec![
             set("ns", "web", &["data"]),
             set("ns", "web-2", &["data"]),
             set("other", "web", &["data"]),
             set("ns", "c-a", &["b"]),
             set("ns", "a", &["b-c"]),
-        ];
+        ]);
         let names = |claim_name: &str| {
-            sets_of_claim(&claim("ns", claim_name), &sets)
+            let mut names: Vec<String> = sets_of_claim(&claim("ns", claim_name), &sets)
                 .into_iter()
                 .map(|r| r.name)
-                .collect::<Vec<_>>()
+                .collect();
+            names.sort();
+            names
         };
         assert_eq!(names("data-web-2"), ["web"]);
         assert_eq!(names("data-web-2-0"), ["web-2"]);
-        assert_eq!(names("b-c-a-1"), ["c-a", "a"]);
+        assert_eq!(names("b-c-a-1"), ["a", "c-a"]);
         assert!(names("data-web-02").is_empty());
         assert!(names("unrelated").is_empty());
     }

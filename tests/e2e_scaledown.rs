@@ -167,6 +167,48 @@ async fn scale_to_zero() {
     wait_for_gone(&env.pods(), "web-0", LONG).await;
 }
 
+/// `--max-concurrent-cleanups 1` with three sets scaled down at once: the cap holds across sets
+/// (they are reconciled in parallel, without a lock around their passes), and all three finish.
+#[tokio::test(flavor = "multi_thread")]
+async fn max_concurrent_cleanups_holds_across_sets() {
+    let env = Env::new("cap", 6, &["--max-concurrent-cleanups", "1"]).await;
+    let names = ["a", "b", "c"];
+    for name in names {
+        let mut spec = SetSpec::new(name, 2, &env.class);
+        spec.template = Some(template_running_for("2s"));
+        env.create_running(&spec).await;
+    }
+    let pods = env.record_pods().await;
+    for name in names {
+        env.scale(name, 1).await;
+    }
+    for name in names {
+        env.wait_claim_gone(&format!("data-{name}-1")).await;
+    }
+    // Replay the recording: cleanup pods in flight (seen, not finished, not gone) at every change.
+    let mut in_flight = std::collections::BTreeSet::new();
+    let (mut most, mut cleanups) = (0, std::collections::BTreeSet::new());
+    for seen in pods
+        .seen()
+        .iter()
+        .filter(|s| s.annotations.contains_key(OWNER))
+    {
+        let finished = matches!(
+            support::recorder::phase(&seen.object),
+            "Succeeded" | "Failed"
+        );
+        if seen.gone() || finished {
+            in_flight.remove(&seen.uid);
+        } else {
+            in_flight.insert(seen.uid.clone());
+        }
+        cleanups.insert(seen.uid.clone());
+        most = most.max(in_flight.len());
+    }
+    assert_eq!(cleanups.len(), 3, "one cleanup pod per set");
+    assert_eq!(most, 1, "cleanup pods in flight at once with a cap of 1");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn parallel_5_to_2_cleans_all_at_once() {
     let env = Env::new("parallel", 5, &[]).await;

@@ -76,30 +76,56 @@ fn forged_pod(set: &str, ordinal: u32, claims: Value) -> Pod {
     }))
 }
 
-/// Deletes whatever pod holds `pod`'s name and creates `pod` in its place, as fast as a user can;
-/// retried while the StatefulSet controller wins the race for the name. Returns the new UID.
-async fn replace_pod(pods: &Api<Pod>, pod: &Pod) -> String {
+/// Deletes whatever pod holds `pod`'s name and creates `pod` in its place as `user`, as fast as a
+/// user can; retried while the StatefulSet controller wins the race for the name. Returns the new
+/// UID once the pod runs (read through `admin`, as the user may not read pods).
+///
+/// KWOK, our kubelet stand-in, finishes the deletion of the pod we replaced by a DELETE by name
+/// without a UID precondition (a kubelet sends one): when it lands after our create, it removes
+/// the forged pod instead. The audit log shows it (`target/cluster/logs/audit.log`). Such a pod is
+/// forged again; only a pod that got to run is handed to the test.
+async fn replace_pod(user: &Api<Pod>, admin: &Api<Pod>, pod: &Pod) -> String {
     let name = pod.name_any();
     let now = DeleteParams {
         grace_period_seconds: Some(0),
         ..Default::default()
     };
     for attempt in 1..=50 {
-        match pods.delete(&name, &now).await {
+        match user.delete(&name, &now).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => panic!("delete pod {name}: {e}"),
         }
-        match pods.create(&PostParams::default(), pod).await {
-            Ok(created) => {
-                eprintln!("forged pod {name} created at attempt {attempt}");
-                return created.uid().expect("uid");
-            }
+        let uid = match user.create(&PostParams::default(), pod).await {
+            Ok(created) => created.uid().expect("uid"),
             Err(kube::Error::Api(s)) if s.code == 409 => continue,
             Err(e) => panic!("create forged pod {name}: {e}"),
+        };
+        if runs(admin, &name, &uid).await {
+            eprintln!("forged pod {name} created at attempt {attempt}");
+            return uid;
         }
+        eprintln!("forged pod {name} (attempt {attempt}) was deleted before it ran; forging again");
     }
     panic!("could not take the name {name} from the StatefulSet controller in 50 tries")
+}
+
+/// Whether pod `name` with `uid` reaches Running or Succeeded before it is deleted.
+async fn runs(pods: &Api<Pod>, name: &str, uid: &str) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < LONG {
+        let Some(pod) = pods.get_opt(name).await.expect("get pod") else {
+            return false;
+        };
+        if pod.uid().as_deref() != Some(uid) || pod.metadata.deletion_timestamp.is_some() {
+            return false;
+        }
+        if matches!(recorder::phase(&pod), "Running" | "Succeeded") {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("forged pod {name} neither ran nor went away within {LONG:?}")
 }
 
 /// ServiceAccount `forger` in `env`'s namespace that may only create and delete pods; returns a
@@ -177,9 +203,26 @@ async fn forged_pod_window(
     controller.wait_reconciles(&env.ns.name, set, 2).await;
     assert_no_claim_deleted(claims, "a forged cleanup pod");
     let warning = unproven(events).into_iter().next().unwrap_or_else(|| {
+        let history: Vec<String> = pods
+            .of(pod_name)
+            .iter()
+            .map(|p| {
+                format!(
+                    "{:?} {:?} uid {} rv {} phase {} deleting {} labels {:?}",
+                    p.since_start,
+                    p.kind,
+                    p.uid,
+                    p.resource_version,
+                    recorder::phase(&p.object),
+                    p.deleting,
+                    p.labels
+                )
+            })
+            .collect();
         panic!(
-            "no Warning UnprovenCleanupPod on {set} within {WINDOW:?}; events:\n{}",
-            events.describe()
+            "no Warning UnprovenCleanupPod on {set} within {WINDOW:?}; events:\n{}\npod {pod_name}:\n{}",
+            events.describe(),
+            history.join("\n")
         )
     });
     assert_eq!(warning.type_.as_deref(), Some("Warning"));
@@ -208,7 +251,7 @@ async fn forged_pod_on_a_wanted_ordinal(test: &str, pods_only: bool) {
         env.pods()
     };
     let forged = forged_pod("s", 0, json!({"data-s-0": claim_uid}));
-    let forged_uid = replace_pod(&user, &forged).await;
+    let forged_uid = replace_pod(&user, &env.pods(), &forged).await;
     forged_pod_window(
         &env,
         "s",
@@ -258,7 +301,7 @@ async fn forged_pod_on_an_orphaned_ordinal_deletes_nothing() {
     })
     .await;
     let forged = forged_pod("s", 1, json!({"data-s-1": claim_uid}));
-    let forged_uid = replace_pod(&user, &forged).await;
+    let forged_uid = replace_pod(&user, &env.pods(), &forged).await;
     forged_pod_window(
         &env,
         "s",

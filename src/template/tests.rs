@@ -388,3 +388,55 @@ fn render_refuses_a_pod_over_the_cap() {
     assert_eq!(err.reason(), Reason::CleanupTemplateTooLarge);
     assert!(err.to_string().contains("rendered cleanup pod"), "{err}");
 }
+
+/// The README's "Template limits" table shows the limits the code enforces.
+#[test]
+fn readme_template_limits_match_the_code() {
+    let readme = include_str!("../../README.md");
+    let section = readme
+        .split("### Template limits")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("README section Template limits");
+    let value = |limit: &str| -> String {
+        section
+            .lines()
+            .find(|l| l.starts_with(&format!("| {limit} |")))
+            .and_then(|l| l.split('|').nth(2))
+            .unwrap_or_else(|| panic!("README Template limits: no row {limit}"))
+            .trim()
+            .to_string()
+    };
+    let kib = |bytes: usize| format!("{} KiB", bytes / 1024);
+    let count = |n: usize| {
+        let digits = n.to_string();
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        out
+    };
+    assert_eq!(value("annotation size"), kib(decode::MAX_INPUT_BYTES));
+    assert_eq!(value("YAML nesting depth"), count(decode::MAX_DEPTH));
+    assert_eq!(value("YAML aliases (`*a`)"), count(decode::MAX_ALIASES));
+    assert_eq!(value("YAML anchors (`&a`)"), count(decode::MAX_ANCHORS));
+    assert_eq!(
+        value("YAML merge keys (`<<`)"),
+        count(decode::MAX_MERGE_KEYS)
+    );
+    assert_eq!(value("YAML nodes"), count(decode::MAX_NODES));
+    assert_eq!(value("YAML parser events"), count(decode::MAX_EVENTS));
+    assert_eq!(
+        value("events replayed by aliases"),
+        count(decode::MAX_REPLAYED_EVENTS)
+    );
+    assert_eq!(value("YAML scalar bytes"), kib(decode::MAX_SCALAR_BYTES));
+    assert_eq!(value("YAML documents"), count(decode::MAX_DOCUMENTS));
+    assert_eq!(
+        value("rendered pod"),
+        format!("{} of JSON", kib(decode::MAX_POD_BYTES))
+    );
+}
