@@ -9,11 +9,11 @@ FUZZ_CASES ?= 1000000
 # The image, named in one place; artifacts/*.yaml use the same (a test checks it).
 IMAGE ?= ghcr.io/statefulset-scaledown/statefulset-scaledown-controller:0.1.0
 
-.PHONY: test fmt-check clippy unit fuzz props e2e e2e-faults chaos chaos-ci control-plane cluster-up cluster-down demo build image
+.PHONY: test fmt-check clippy unit fuzz props e2e e2e-faults chaos chaos-ci bench bench-report control-plane cluster-up cluster-down demo build image
 
 ## test: formatting, lints, unit tests, e2e tests, the fault tests and a short seeded chaos run on the
 ## local control plane
-test: fmt-check clippy unit e2e chaos-ci
+test: fmt-check clippy unit e2e e2e-faults chaos-ci
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -23,6 +23,7 @@ clippy:
 
 unit:
 	$(CARGO) test --locked --lib --bins
+	$(PYTHON) bench/report.py --check
 
 ## fuzz: the template parser fuzz harness with FUZZ_CASES inputs; prints the count and peak RSS
 fuzz:
@@ -61,6 +62,31 @@ chaos:
 ## orphaned ordinals, SIGKILLs and failovers; no API server restart, see `make chaos`)
 chaos-ci:
 	$(MAKE) chaos ROUNDS=3 SEED=42
+
+## bench: the benchmark (tests/bench.rs, release build) on the local control plane, one scenario
+## after another, each on a fresh cluster unless one is already up; then bench-report. Long (see
+## BENCHMARKS.md for how long each took); not part of `make test`.
+##   make bench                         all scenarios (single sets20 sets500 idle), seed 42
+##   make bench SCENARIO=sets500 SEED=7 SETS=200 BENCH_ARGS='--cleanup-seconds 0'
+SCENARIO ?= all
+BENCH_SCENARIOS := $(if $(filter all,$(SCENARIO)),single sets20 sets500 idle,$(SCENARIO))
+# SEED defaults to the clock for chaos; the bench is reproducible unless asked otherwise.
+BENCH_SEED := $(if $(filter command line environment,$(origin SEED)),$(SEED),42)
+BENCH_ARGS ?=
+PYTHON ?= python3
+bench:
+	$(CARGO) test --locked --release --test bench --no-run
+	failed=0; for s in $(BENCH_SCENARIOS); do \
+	  BENCH_COMMAND="make bench SCENARIO=$$s SEED=$(BENCH_SEED)$(if $(SETS), SETS=$(SETS))$(if $(BENCH_ARGS), BENCH_ARGS='$(BENCH_ARGS)')" \
+	    hack/with-cluster.sh $(CARGO) test --locked --release --test bench -- --scenario $$s --seed $(BENCH_SEED) \
+	    $(if $(SETS),--sets $(SETS)) $(BENCH_ARGS) || failed=1; \
+	done; $(MAKE) bench-report; exit $$failed
+
+## bench-report: BENCHMARKS.md and bench/plots/ from bench/results/*.json (installs matplotlib if missing)
+bench-report:
+	$(PYTHON) -c 'import matplotlib' 2>/dev/null || $(PYTHON) -m pip install --quiet matplotlib \
+	  || { apt-get update -qq && apt-get install -y -qq python3-matplotlib; }
+	$(PYTHON) bench/report.py
 
 build:
 	$(CARGO) build --locked --release

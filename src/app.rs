@@ -80,7 +80,7 @@ pub async fn client(args: &Args) -> Result<Client> {
             .parse()
             .map_err(|e| Error::Config(format!("--master {master}: {e}")))?;
     }
-    Client::try_from(config).map_err(|e| Error::Config(e.to_string()))
+    crate::api_metrics::client(config).map_err(|e| Error::Config(e.to_string()))
 }
 
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>

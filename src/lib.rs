@@ -17,6 +17,7 @@
 //! ```
 
 pub mod act;
+pub mod api_metrics;
 pub mod app;
 pub mod cli;
 pub mod decide;

@@ -125,6 +125,11 @@ impl Default for Metrics {
             "Outcomes reported as Events, by Event reason",
             m.events.clone(),
         );
+        registry.register(
+            "api_requests",
+            "Kubernetes API requests sent, by verb, resource and HTTP status code",
+            crate::api_metrics::requests().clone(),
+        );
         // Every label value of the bounded families exists from the start at 0: the families
         // render before their first sample, and `rate()` sees the first increment.
         for category in crate::error::Category::ALL {
@@ -226,6 +231,14 @@ mod tests {
         let m = Metrics::default();
         m.set_orphaned_claims(&[("ns".to_string(), 1)].into());
         m.cleanup_took(3.0);
+        // Renders once the client sent its first request (at start, the watches).
+        crate::api_metrics::requests()
+            .get_or_create(&crate::api_metrics::RequestLabels {
+                verb: "watch",
+                resource: "pods".into(),
+                code: "200".into(),
+            })
+            .inc_by(0);
         let text = m.encode();
         let exported: std::collections::BTreeSet<String> = text
             .lines()

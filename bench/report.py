@@ -1,0 +1,469 @@
+#!/usr/bin/env python3
+"""Turns the bench results (bench/results/*.json, written by `make bench`) into BENCHMARKS.md and
+the plots in bench/plots/. Nothing in BENCHMARKS.md is written by hand.
+
+    bench/report.py            rewrite BENCHMARKS.md and the plots (needs matplotlib)
+    bench/report.py --check    only the standard library: fail if BENCHMARKS.md is not what the
+                               JSON gives, or a plot it names is missing (run by `make unit`)
+
+The table of each scenario shows its newest run; "before" columns and dashed plot lines show the
+oldest run of the same scenario made on another controller commit, when there is one.
+"""
+
+import argparse
+import difflib
+import glob
+import json
+import math
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "bench", "results")
+PLOTS = os.path.join(ROOT, "bench", "plots")
+MARKDOWN = os.path.join(ROOT, "BENCHMARKS.md")
+
+SCENARIOS = ["single", "sets20", "sets500", "idle"]
+# kube-controller-manager work queues on the path of a scale-down's claims.
+QUEUES = ["statefulset", "garbage_collector_attempt_to_delete", "pvcprotection"]
+NOTES = os.path.join(ROOT, "bench", "notes.md")
+TITLES = {
+    "single": "1 set of 2 → 1, rounds one after another (latency floor)",
+    "sets20": "20 sets of 3 → 2 at once",
+    "sets500": "500 sets of 2 → 1 at once, one namespace",
+    "idle": "idle: background pods and annotated sets, nothing changes",
+}
+# (key, label, from event, to event)
+LATENCIES = [
+    ("created", "stateful pod gone → cleanup pod created", "pod_gone_ms", "cleanup_created_ms"),
+    ("deletion", "cleanup Succeeded → claim deletion seen", "cleanup_succeeded_ms", "claim_deleting_ms"),
+    ("deleting", "stateful pod gone → claim deletion seen", "pod_gone_ms", "claim_deleting_ms"),
+    ("gone", "stateful pod gone → claim gone", "pod_gone_ms", "claim_gone_ms"),
+]
+
+
+def load_runs():
+    runs = []
+    for path in sorted(glob.glob(os.path.join(RESULTS, "*.json"))):
+        with open(path, encoding="utf-8") as f:
+            run = json.load(f)
+        for key in ("schema", "scenario", "started_at", "phases", "versions", "machine"):
+            if key not in run:
+                raise SystemExit(f"{path}: missing key {key!r}")
+        run["_file"] = os.path.relpath(path, ROOT)
+        runs.append(run)
+    return runs
+
+
+def quantile(values, q):
+    """Nearest rank, as the bench runner computes it."""
+    if not values:
+        return None
+    s = sorted(values)
+    rank = max(1, math.ceil(q * len(s)))
+    return s[min(rank, len(s)) - 1]
+
+
+def phase(run, mode):
+    for p in run["phases"]:
+        if p.get("mode") == mode:
+            return p
+    return None
+
+
+def ordinals(p):
+    return [o for r in (p or {}).get("rounds", []) for o in r["ordinals"]]
+
+
+def latencies(p, start, end):
+    return [o[end] - o[start] for o in ordinals(p) if o.get(start) is not None and o.get(end) is not None]
+
+
+def ms(v):
+    if v is None:
+        return "–"
+    if abs(v) >= 10000:
+        return f"{v / 1000:.1f} s"
+    if abs(v) >= 100:
+        return f"{v:.0f}"
+    return f"{v:.1f}"
+
+
+def ms_unit(v):
+    return ms(v) + ("" if v is None or abs(v) >= 10000 else " ms")
+
+
+def num(v, digits=1):
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def latest(runs, scenario):
+    own = [r for r in runs if r["scenario"] == scenario]
+    return max(own, key=lambda r: r["started_at"]) if own else None
+
+
+def baseline(runs, scenario, newest):
+    """The oldest run of the scenario on another controller commit, if any."""
+    commit = newest["versions"]["controller_commit"]
+    older = [r for r in runs if r["scenario"] == scenario and r["versions"]["controller_commit"] != commit
+             and r["started_at"] < newest["started_at"]]
+    return min(older, key=lambda r: r["started_at"]) if older else None
+
+
+def requests_line(requests):
+    by_verb = requests.get("by_verb", {})
+    parts = [f"{verb} {int(n)}" for verb, n in sorted(by_verb.items())]
+    return ", ".join(parts) if parts else "none"
+
+
+def pod_creates(requests):
+    return sum(n for k, n in requests.get("by_verb_resource_code", {}).items() if k.startswith("create pods "))
+
+
+def all_done_ms(p):
+    rounds = (p or {}).get("rounds", [])
+    return max((r["all_done_ms"] for r in rounds), default=None)
+
+
+def complete(p):
+    return p is not None and p.get("setup_ok") and all(r.get("complete") for r in p.get("rounds", []))
+
+
+def commit_of(run):
+    v = run["versions"]
+    return v["controller_commit"] + ("+dirty" if v.get("controller_dirty") else "")
+
+
+# === markdown ===
+
+def runs_table(runs):
+    out = ["| Scenario | Date (UTC) | Commit | Seed | Command | Load (1 min) at start | Took |",
+           "|---|---|---|---|---|---|---|"]
+    for s in SCENARIOS:
+        r = latest(runs, s)
+        if r is None:
+            continue
+        load = r.get("loadavg_start") or [None]
+        out.append(f"| `{s}` | {r['started_at']} | `{commit_of(r)}` | {r['seed']} | `{r['command']}` | "
+                   f"{num(load[0], 2)} | {num(r.get('duration_s', 0) / 60, 1)} min |")
+    return out
+
+
+def machine_lines(runs):
+    newest = max(runs, key=lambda r: r["started_at"])
+    m, v = newest["machine"], newest["versions"]
+    cp = v.get("control_plane", {})
+    return [
+        f"- Machine: {m['cpus']} × {m['cpu_model']}, {num(m['memory_gib'], 1)} GiB, Linux {m['kernel']} "
+        "(shared with other engineers' builds: see the load column).",
+        f"- Versions: controller {v['controller_profile']} build ({v['rustc']}); Kubernetes {cp.get('k8s', '?')}, "
+        f"KWOK {cp.get('kwok', '?')}, etcd {cp.get('etcd', '?')} (the local control plane of `hack/cluster.sh`).",
+    ]
+
+
+def latency_table(run, before):
+    c, n = phase(run, "controller"), phase(run, "native")
+    b = phase(before, "controller") if before else None
+    head = "| Latency (ms) | controller n | p50 | p99 | max | native n | p50 | p99 | max |"
+    sep = "|---|---|---|---|---|---|---|---|---|"
+    if b:
+        head += f" before (`{commit_of(before)}`) p50 | p99 | max |"
+        sep += "---|---|---|"
+    out = [head, sep]
+    for _key, label, start, end in LATENCIES:
+        row = f"| {label} |"
+        for p in (c, n) + ((b,) if b else ()):
+            values = latencies(p, start, end)
+            cells = [ms(quantile(values, 0.5)), ms(quantile(values, 0.99)), ms(max(values) if values else None)]
+            if p is not b:
+                cells.insert(0, str(len(values)) if p else "–")
+            row += " " + " | ".join(cells) + " |"
+        out.append(row)
+    row = "| scale-down issued → last ordinal done |"
+    for p in (c, n) + ((b,) if b else ()):
+        blanks = 2 if p is b else 3
+        row += " " + " | ".join([""] * blanks + [ms(all_done_ms(p))]) + " |"
+    out.append(row)
+    return out
+
+
+def controller_lines(run):
+    p = phase(run, "controller")
+    if not p or not p.get("controller"):
+        return ["- Controller: no numbers (phase missing)."]
+    c = p["controller"]
+    rss, cpu = c["rss_mib"], c["cpu_s"]
+    window = c["requests_in_window"]
+    cleanups = sum(r["orphans"] for r in p.get("rounds", []))
+    per = window["non_watch_total"] / cleanups if cleanups else None
+    creates = pod_creates(window)
+    most = max((r.get("max_cleanup_pods_per_ordinal") or 0 for r in p.get("rounds", [])), default=0)
+    lines = [
+        f"- Controller: ready {c['start_to_ready_ms']} ms after start; RSS {num(rss['at_window_start'])} MiB before the "
+        f"scale-down, peak {num(rss['peak_in_window'])} MiB, {num(rss['after'])} MiB after; CPU {num(cpu['window'], 2)} s "
+        f"during the scale-down ({num(cpu['since_start'], 2)} s since start).",
+        f"- Requests during the scale-down: {requests_line(window)}; {int(window['non_watch_total'])} besides watches "
+        f"for {cleanups} cleanups ({num(per, 1)} per cleanup); {int(creates)} pod creates "
+        f"(most cleanup pods seen under one ordinal: {most}).",
+    ]
+    if not complete(p):
+        lines.append("- **Incomplete**: a wait timed out (see the JSON).")
+    return lines
+
+
+def control_plane_lines(run):
+    out = []
+    for p in run["phases"]:
+        cp = p.get("control_plane") or {}
+        cpu = ", ".join(f"{k} {num(v, 1)}" for k, v in sorted((cp.get("cpu_s") or {}).items()))
+        t = cp.get("client_throttling", {}).get("kube-controller-manager", {})
+        ts = cp.get("client_throttling", {}).get("kube-scheduler", {})
+        queues = cp.get("kcm_work_queues") or {}
+        waits = ", ".join(f"{q} {ms_unit(queues[q]['mean_wait_ms'])} ({int(queues[q]['adds'])} adds)"
+                          for q in QUEUES if q in queues)
+        out.append(f"- Control plane during the {p['mode']} phase: CPU seconds {cpu}. Client rate limiter waits: "
+                   f"kube-controller-manager {num(t.get('rate_limiter_wait_s'), 2)} s over "
+                   f"{int(t.get('requests', 0))} requests, kube-scheduler {num(ts.get('rate_limiter_wait_s'), 2)} s over "
+                   f"{int(ts.get('requests', 0))}. kcm work queues, mean wait: {waits or '–'}.")
+    return out
+
+
+def idle_section(run):
+    p = run["phases"][0]
+    c = p["controller"]
+    prm = run["params"]
+    rss = c["rss_mib"]
+    window = c["requests_in_window"]
+    return [
+        "| Background pods | Annotated sets | Start → ready | Start → every set finalized | RSS idle | RSS peak | "
+        "CPU idle | Requests idle (besides watches) | Idle window |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| {int(prm['pods'])} | {int(prm['sets'])} | {c['start_to_ready_ms']} ms | "
+        f"{ms(p.get('startup_to_all_finalized_ms'))} ms | {num(rss['after'])} MiB | "
+        f"{num(rss['peak_since_start'])} MiB | {num(c['cpu_s']['window'], 2)} s | "
+        f"{int(window['non_watch_total'])} ({requests_line(window)}) | {num(c['window_s'], 0)} s |",
+        "",
+        f"- Startup: {requests_line(c['requests_since_start'])} requests from start to the end of the window; "
+        f"CPU {num(c['cpu_s']['since_start'], 2)} s.",
+    ] + control_plane_lines(run)
+
+
+def targets(runs):
+    def p99(scenario, start, end):
+        r = latest(runs, scenario)
+        values = latencies(phase(r, "controller"), start, end) if r else []
+        return quantile(values, 0.99)
+
+    rows = []
+
+    def with_ms(v):
+        return f"{v / 1000:.1f} s" if abs(v) >= 10000 else f"{v:.1f} ms"
+
+    def row(target, value, limit, fmt=with_ms):
+        if value is None:
+            rows.append(f"| {target} | – | – |")
+            return
+        met = "yes" if value <= limit else f"no ({fmt(value - limit)} over)"
+        rows.append(f"| {target} | {fmt(value)} | {met} |")
+
+    row("pod gone → cleanup created, p99, 1 set (≤ 100 ms)", p99("single", "pod_gone_ms", "cleanup_created_ms"), 100)
+    row("pod gone → cleanup created, p99, 500 sets (≤ 1 s)", p99("sets500", "pod_gone_ms", "cleanup_created_ms"), 1000)
+    for s in ("single", "sets20", "sets500"):
+        row(f"cleanup Succeeded → claim deletion seen, p99, `{s}` (≤ 200 ms)",
+            p99(s, "cleanup_succeeded_ms", "claim_deleting_ms"), 200)
+    for s in ("sets20", "sets500"):
+        r = latest(runs, s)
+        p = phase(r, "controller") if r else None
+        if not p or not p.get("controller"):
+            continue
+        window = p["controller"]["requests_in_window"]
+        cleanups = sum(x["orphans"] for x in p["rounds"]) or 1
+        row(f"pod creates per cleanup, `{s}` (exactly 1)", pod_creates(window) / cleanups, 1, lambda v: f"{v:.2f}")
+        row(f"requests per cleanup besides watches, `{s}` (≤ 3)", window["non_watch_total"] / cleanups, 3,
+            lambda v: f"{v:.1f}")
+    r = latest(runs, "sets500")
+    if r and phase(r, "controller") and phase(r, "controller").get("controller"):
+        row("RSS after the 500-set run (≤ 40 MiB)", phase(r, "controller")["controller"]["rss_mib"]["after"], 40,
+            lambda v: f"{v:.1f} MiB")
+    r = latest(runs, "idle")
+    if r:
+        c = r["phases"][0]["controller"]
+        row(f"RSS idle at {int(r['params']['pods'])} pods (≤ 30 MiB)", c["rss_mib"]["after"], 30,
+            lambda v: f"{v:.1f} MiB")
+        row(f"requests while idle besides watches, {num(c['window_s'], 0)} s (0)",
+            abs(c["requests_in_window"]["non_watch_total"]), 0, lambda v: f"{v:.0f}")
+    return ["| Target (issue 9) | Measured | Met |", "|---|---|---|"] + rows
+
+
+def history(runs):
+    out = ["| File | Scenario | Date (UTC) | Commit | p99 pod gone → cleanup created | p99 Succeeded → claim deletion | "
+           "last ordinal done | RSS after | CPU (window) | Requests besides watches |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(runs, key=lambda r: r["started_at"]):
+        p = phase(r, "controller")
+        c = (p or {}).get("controller") or {}
+        created = quantile(latencies(p, "pod_gone_ms", "cleanup_created_ms"), 0.99)
+        deletion = quantile(latencies(p, "cleanup_succeeded_ms", "claim_deleting_ms"), 0.99)
+        rss = (c.get("rss_mib") or {}).get("after")
+        cpu = (c.get("cpu_s") or {}).get("window")
+        req = (c.get("requests_in_window") or {}).get("non_watch_total")
+        out.append(f"| [{os.path.basename(r['_file'])}]({r['_file']}) | `{r['scenario']}` | {r['started_at']} | "
+                   f"`{commit_of(r)}` | {ms(created)} | {ms(deletion)} | {ms(all_done_ms(p))} | "
+                   f"{num(rss)} MiB | {num(cpu, 2)} s | {'–' if req is None else int(req)} |")
+    return out
+
+
+def markdown(runs):
+    out = [
+        "# Benchmarks",
+        "",
+        "<!-- Generated by bench/report.py from bench/results/*.json; `make unit` fails if this file differs. -->",
+        "",
+        "`make bench` runs every scenario on the local control plane (`hack/cluster.sh`) and rewrites this page "
+        "and its plots; `make bench SCENARIO=sets500` runs one. What is measured and how: "
+        "[README, Benchmarks](README.md#benchmarks) and `tests/bench.rs`. Latencies are measured per orphaned ordinal "
+        "from watch events (arrival times at the bench's own watches); the controller's cleanup pods run "
+        "`cleanup-seconds` under KWOK, so \"pod gone → claim gone\" includes that run time for the controller and "
+        "not for the native baseline (`persistentVolumeClaimRetentionPolicy.whenScaled: Delete`, no controller).",
+        "",
+    ]
+    if not runs:
+        return "\n".join(out + ["No results yet: run `make bench`.", ""])
+    out += runs_table(runs) + [""] + machine_lines(runs) + [""]
+    out += ["## Targets", ""] + targets(runs) + [""]
+    for s in SCENARIOS:
+        r = latest(runs, s)
+        if r is None:
+            continue
+        out += [f"## `{s}`: {TITLES[s]}", ""]
+        if s == "idle":
+            out += idle_section(r) + [""]
+            continue
+        before = baseline(runs, s, r)
+        out += latency_table(r, before) + [""] + controller_lines(r) + control_plane_lines(r) + [""]
+        out += [f"![latency CDFs of {s}](bench/plots/latency-{s}.png)", ""]
+    out += ["## Memory over time", "", "![controller RSS over time](bench/plots/memory.png)", ""]
+    if os.path.exists(NOTES):
+        notes = open(NOTES, encoding="utf-8").read().strip()
+        out += ["## Notes", "", "<!-- Included from bench/notes.md, written by hand. -->", "", notes, ""]
+    out += ["## All runs", ""] + history(runs) + [""]
+    return "\n".join(out)
+
+
+# === plots ===
+
+def cdf(ax, values, **kw):
+    if not values:
+        return
+    s = sorted(values)
+    ax.step(s, [(i + 1) / len(s) for i in range(len(s))], where="post", **kw)
+
+
+def plot_latencies(plt, runs, scenario):
+    from matplotlib.ticker import NullFormatter
+
+    r = latest(runs, scenario)
+    before = baseline(runs, scenario, r)
+    c, n = phase(r, "controller"), phase(r, "native")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    panels = [
+        (LATENCIES[3], [(c, "controller", "-"), (n, "native (whenScaled: Delete)", "-")]),
+        (LATENCIES[0], [(c, "controller", "-")]),
+        (LATENCIES[1], [(c, "controller", "-")]),
+    ]
+    for ax, ((_, label, start, end), series) in zip(axes, panels):
+        for p, name, style in series:
+            cdf(ax, [max(v, 0.1) for v in latencies(p, start, end)], label=f"{name} @{commit_of(r)}", linestyle=style)
+        if before:
+            cdf(ax, [max(v, 0.1) for v in latencies(phase(before, "controller"), start, end)],
+                label=f"controller before @{commit_of(before)}", linestyle="--")
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("ms (log)")
+        ax.set_ylabel("fraction of ordinals")
+        ax.set_title(label, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"{scenario}: {TITLES[scenario]} ({r['started_at']})", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(os.path.join(PLOTS, f"latency-{scenario}.png"), dpi=90, metadata={"Software": None})
+    plt.close(fig)
+
+
+def plot_memory(plt, runs):
+    present = [s for s in SCENARIOS if latest(runs, s)]
+    fig, axes = plt.subplots(1, max(len(present), 1), figsize=(4.2 * max(len(present), 1), 3.8), squeeze=False)
+    for ax, s in zip(axes[0], present):
+        r = latest(runs, s)
+        before = baseline(runs, s, r)
+        for run, style, name in ((r, "-", "latest"), (before, "--", "before")):
+            p = phase(run, "controller") if run else None
+            series = ((p or {}).get("controller") or {}).get("rss_series") or []
+            if series:
+                line, = ax.plot([t for t, _ in series], [m for _, m in series], linestyle=style,
+                                label=f"{name} @{commit_of(run)}")
+                start = p["controller"].get("window_start_s")
+                if start is not None:
+                    ax.axvline(start, color=line.get_color(), linestyle=":", linewidth=1)
+        ax.set_title(f"{s}", fontsize=10)
+        ax.set_xlabel("s since controller start")
+        ax.set_ylabel("RSS MiB")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("controller RSS, sampled from /proc every 200 ms (dotted: the measured window starts)",
+                 fontsize=11)
+    fig.tight_layout()
+    fig.savefig(os.path.join(PLOTS, "memory.png"), dpi=90, metadata={"Software": None})
+    plt.close(fig)
+
+
+def plots(runs):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(PLOTS, exist_ok=True)
+    for s in SCENARIOS:
+        if s != "idle" and latest(runs, s):
+            plot_latencies(plt, runs, s)
+    if runs:
+        plot_memory(plt, runs)
+
+
+def referenced_plots(text):
+    return [line.split("](", 1)[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="compare BENCHMARKS.md with the JSON; write nothing")
+    args = parser.parse_args()
+    runs = load_runs()
+    text = markdown(runs)
+    if args.check:
+        current = open(MARKDOWN, encoding="utf-8").read() if os.path.exists(MARKDOWN) else ""
+        problems = []
+        if current != text:
+            diff = difflib.unified_diff(current.splitlines(), text.splitlines(), "BENCHMARKS.md", "from the JSON",
+                                        lineterm="", n=1)
+            problems.append("BENCHMARKS.md is not what bench/report.py makes of bench/results/*.json "
+                            "(run bench/report.py):\n" + "\n".join(list(diff)[:40]))
+        for plot in referenced_plots(text):
+            if not os.path.exists(os.path.join(ROOT, plot)):
+                problems.append(f"plot {plot} is missing (run bench/report.py)")
+        if problems:
+            print("\n".join(problems))
+            return 1
+        print(f"bench report: BENCHMARKS.md matches {len(runs)} result files; {len(referenced_plots(text))} plots present")
+        return 0
+    with open(MARKDOWN, "w", encoding="utf-8") as f:
+        f.write(text)
+    plots(runs)
+    print(f"bench report: wrote BENCHMARKS.md and the plots from {len(runs)} result files")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
