@@ -78,6 +78,9 @@ impl Leadership {
     }
 }
 
+/// How long one read of the Lease may take before it counts as failed (not confirmed).
+const LEASE_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// How long the release of the Lease may take at shutdown (within the process's shutdown grace).
 const RELEASE_TIMEOUT: Duration = Duration::from_millis(400);
 
@@ -180,10 +183,17 @@ async fn confirmed_until(
     config: &ElectionConfig,
     deadline: Duration,
 ) -> Option<Instant> {
-    let lease = match leases.get(&config.lease_name).await {
-        Ok(lease) => lease,
-        Err(e) => {
+    let read = tokio::time::timeout(LEASE_READ_TIMEOUT, leases.get(&config.lease_name));
+    let lease = match read.await {
+        Ok(Ok(lease)) => lease,
+        Ok(Err(e)) => {
             warn!(error = %e, "cannot read the leader Lease");
+            return None;
+        }
+        Err(_) => {
+            // A read that hangs (a connection that died while the process was frozen) must not
+            // keep a leader that cannot confirm itself.
+            warn!(timeout = ?LEASE_READ_TIMEOUT, "reading the leader Lease timed out");
             return None;
         }
     };

@@ -576,6 +576,9 @@ pub fn unmanaged_orphans(
 }
 
 #[cfg(test)]
+mod tables;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

@@ -173,10 +173,12 @@ async fn two_instances_one_acts_and_the_other_takes_over() {
         .filter(|e| e.reporting_controller.as_deref() == Some("statefulset-scaledown-controller"))
         .filter(|e| e.reason.as_deref() == Some("SuccessfulCreate"))
         .collect();
+    // Once, unless KWOK's late delete by name removed a fresh cleanup pod (see kwok_pod_deletes).
+    let removed_by_kwok = support::kwok_pod_deletes(&env.ns.name, "web-2").saturating_sub(1);
     assert_eq!(
         creates.len(),
-        1,
-        "the cleanup pod {} was created once",
+        1 + removed_by_kwok,
+        "the cleanup pod {} was created once (KWOK removed {removed_by_kwok})",
         cleanup.name_any()
     );
     let completed_by: BTreeSet<String> = all
@@ -341,6 +343,11 @@ async fn a_frozen_leader_stops_writing_and_exits_non_zero() {
     let leases: Api<Lease> = env.ns.api();
     wait_for("replica-a leads", LONG, || async {
         holder(&leases, &lease).await.as_deref() == Some("replica-a")
+    })
+    .await;
+    // The Lease may name replica-a a moment before replica-a has confirmed it and begun to lead.
+    wait_for("replica-a confirms its leadership", LONG, || async {
+        a.log_tail(200).contains("became the leader")
     })
     .await;
     let b = start_elected(&env, &lease, "replica-b", &[]).await;

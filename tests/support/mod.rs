@@ -615,3 +615,27 @@ pub fn proc_status_kb(pid: u32, field: &str) -> Option<u64> {
         .find(|l| l.starts_with(&format!("{field}:")))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
+
+/// Successful DELETEs of pod `name` in `namespace` sent by KWOK, from the API server's audit log.
+/// KWOK finishes a terminating pod by a DELETE by name without a UID precondition; when the name
+/// was taken again meanwhile (a cleanup pod created at once), that DELETE removes the new pod. A
+/// test that counts creations allows one more for each such delete beyond the first.
+pub fn kwok_pod_deletes(namespace: &str, name: &str) -> usize {
+    let path = cluster_state_dir().join("logs/audit.log");
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|e| {
+            let object = &e["objectRef"];
+            e["verb"] == "delete"
+                && e["stage"] == "ResponseComplete"
+                && e["responseStatus"]["code"] == 200
+                && e["userAgent"]
+                    .as_str()
+                    .is_some_and(|a| a.starts_with("kwok/"))
+                && object["resource"] == "pods"
+                && object["namespace"] == namespace
+                && object["name"] == name
+        })
+        .count()
+}

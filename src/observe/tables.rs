@@ -1,0 +1,294 @@
+//! Table tests for `observe`: fixture caches in, facts out.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::core::PartialObjectMeta;
+use serde_json::{Value, json};
+
+use super::*;
+
+fn from(value: Value) -> Arc<StatefulSet> {
+    Arc::new(serde_json::from_value(value).expect("statefulset"))
+}
+
+/// Set `web` in `ns` (uid `uid-web`), opted in, claim template `data`, with `records`.
+fn web(replicas: i32, records: Value) -> Arc<StatefulSet> {
+    from(json!({
+        "metadata": {
+            "name": "web", "namespace": "ns", "uid": "uid-web", "generation": 4,
+            "annotations": {
+                naming::TEMPLATE_ANNOTATION: "{}",
+                naming::RECORD_ANNOTATION: records.to_string(),
+            },
+        },
+        "spec": {"replicas": replicas, "selector": {}, "template": {},
+                 "volumeClaimTemplates": [{"metadata": {"name": "data"}}]}
+    }))
+}
+
+fn claim(ns: &str, name: &str) -> Arc<PartialObjectMeta<PersistentVolumeClaim>> {
+    let mut c: PartialObjectMeta<PersistentVolumeClaim> = PartialObjectMeta::default();
+    c.metadata.name = Some(name.into());
+    c.metadata.namespace = Some(ns.into());
+    c.metadata.uid = Some(format!("uid-{name}"));
+    Arc::new(c)
+}
+
+/// A pod in `ns` named `name` with `uid`; `extra` is merged into it (labels, owners, volumes ...).
+fn pod(name: &str, uid: &str, extra: Value) -> Arc<Pod> {
+    let mut value = json!({"metadata": {"name": name, "namespace": "ns", "uid": uid}});
+    merge(&mut value, extra);
+    Arc::new(serde_json::from_value(value).expect("pod"))
+}
+
+fn merge(into: &mut Value, from: Value) {
+    match (into, from) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+fn owned_by_web() -> Value {
+    json!({"metadata": {"ownerReferences": [{
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "uid": "uid-web",
+        "controller": true
+    }]}})
+}
+
+fn mounting(claim: &str) -> Value {
+    json!({"spec": {"containers": [], "volumes": [
+        {"name": "v", "persistentVolumeClaim": {"claimName": claim}}
+    ]}})
+}
+
+fn looks_like_ours() -> Value {
+    json!({"metadata": {"labels": {naming::CLEANUP_LABEL: "web-2"},
+                        "annotations": {naming::OWNER_ANNOTATION: "web"}}})
+}
+
+fn observed(
+    set: &Arc<StatefulSet>,
+    others: &[Arc<StatefulSet>],
+    claims: &[Arc<PartialObjectMeta<PersistentVolumeClaim>>],
+    pods: &[Arc<Pod>],
+) -> Observed {
+    let mut sets = vec![set.clone()];
+    sets.extend(others.iter().cloned());
+    let cleanup: Vec<Arc<Pod>> = pods
+        .iter()
+        .filter(|p| p.labels().contains_key(naming::CLEANUP_LABEL))
+        .cloned()
+        .collect();
+    observe(
+        set,
+        &Sources {
+            sets: &sets,
+            claims,
+            pods,
+            cleanup_pods: &cleanup,
+            cleanups_in_flight: 0,
+            rejections: BTreeMap::new(),
+            read: SetRead::LiveSet,
+            now: Timestamp::UNIX_EPOCH,
+        },
+    )
+}
+
+fn role_at(o: &Observed, ordinal: u32) -> Option<&PodRole> {
+    Some(&o.ordinals.get(&ordinal)?.pod.as_ref()?.role)
+}
+
+#[test]
+fn pod_roles_table() {
+    let recorded = json!({"2": {"pod": "uid-ours", "claims": {"data-web-2": "uid-data-web-2"}}});
+    let gated = json!({"spec": {"containers": [],
+        "schedulingGates": [{"name": naming::CONFIRM_GATE}]}});
+    let mut gated_look_alike = looks_like_ours();
+    merge(&mut gated_look_alike, gated);
+    // (what the pod at ordinal 2 is, the role observe must give it)
+    let rows: Vec<(&str, Arc<Pod>, &str)> = vec![
+        (
+            "the set's own pod",
+            pod("web-2", "uid-s", owned_by_web()),
+            "stateful",
+        ),
+        (
+            "ours, recorded",
+            pod("web-2", "uid-ours", looks_like_ours()),
+            "cleanup",
+        ),
+        (
+            "recorded UID but no label: the record decides",
+            pod("web-2", "uid-ours", json!({})),
+            "cleanup",
+        ),
+        (
+            "look-alike, other UID",
+            pod("web-2", "uid-forged", looks_like_ours()),
+            "unproven",
+        ),
+        (
+            "look-alike, still gated",
+            pod("web-2", "uid-x", gated_look_alike),
+            "unproven-gated",
+        ),
+        (
+            "somebody's pod",
+            pod("web-2", "uid-f", json!({})),
+            "foreign",
+        ),
+        (
+            "owned by another set of the same name",
+            pod(
+                "web-2",
+                "uid-o",
+                json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1",
+                    "kind": "StatefulSet", "name": "web", "uid": "uid-old-web", "controller": true}]}}),
+            ),
+            "foreign",
+        ),
+    ];
+    let set = web(2, recorded);
+    for (what, p, want) in rows {
+        let o = observed(&set, &[], &[claim("ns", "data-web-2")], &[p]);
+        let got = match role_at(&o, 2) {
+            Some(PodRole::Stateful) => "stateful",
+            Some(PodRole::Cleanup(_)) => "cleanup",
+            Some(PodRole::Unproven { gated: false }) => "unproven",
+            Some(PodRole::Unproven { gated: true }) => "unproven-gated",
+            Some(PodRole::Foreign) => "foreign",
+            None => "none",
+        };
+        assert_eq!(got, want, "{what}");
+    }
+}
+
+#[test]
+fn cleanup_claims_come_from_the_record_not_the_pod() {
+    let set = web(
+        2,
+        json!({"2": {"pod": "uid-ours", "claims": {"data-web-2": "uid-r"}}}),
+    );
+    let mut lying = looks_like_ours();
+    merge(
+        &mut lying,
+        json!({"metadata": {"annotations": {
+            "statefulsets.kubernetes.io/scaledown-pod-claims": "{\"data-web-0\":\"uid-data-web-0\"}"
+        }}}),
+    );
+    let o = observed(
+        &set,
+        &[],
+        &[claim("ns", "data-web-2")],
+        &[pod("web-2", "uid-ours", lying)],
+    );
+    let Some(PodRole::Cleanup(c)) = role_at(&o, 2) else {
+        panic!("a recorded pod is a cleanup pod")
+    };
+    assert_eq!(
+        c.claims,
+        BTreeMap::from([("data-web-2".to_string(), "uid-r".to_string())])
+    );
+}
+
+#[test]
+fn claim_facts_table() {
+    let set = web(1, json!({}));
+    let other = from(json!({
+        "metadata": {"name": "web-1", "namespace": "ns", "uid": "uid-web-1"},
+        "spec": {"replicas": 1, "selector": {}, "template": {},
+                 "volumeClaimTemplates": [{"metadata": {"name": "data"}}]}
+    }));
+    let mut deleting = (*claim("ns", "data-web-3")).clone();
+    deleting.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH),
+    );
+    let claims = vec![
+        claim("ns", "data-web-1"),
+        claim("ns", "data-web-2"),
+        Arc::new(deleting),
+        claim("other", "data-web-4"),
+        claim("ns", "logs-web-5"),
+        claim("ns", "data-web-05"),
+    ];
+    let pods = vec![pod("reader", "uid-r", mounting("data-web-2")), {
+        let mut done = mounting("data-web-1");
+        merge(&mut done, json!({"status": {"phase": "Succeeded"}}));
+        pod("finished", "uid-d", done)
+    }];
+    let o = observed(&set, &[other], &claims, &pods);
+    let facts = |n: u32| {
+        o.ordinals
+            .get(&n)
+            .map(|f| f.claims.clone())
+            .unwrap_or_default()
+    };
+    // `data-web-1` is web's alone (set web-1's claims are `data-web-1-N`); a finished pod uses
+    // nothing.
+    assert_eq!(facts(1).len(), 1);
+    assert!(
+        facts(1)[0].used_by.is_empty(),
+        "a finished pod uses nothing"
+    );
+    assert_eq!(facts(1)[0].wanted_by_other, None);
+    assert_eq!(facts(2)[0].used_by, ["reader"]);
+    assert!(facts(3)[0].deleting);
+    assert!(facts(4).is_empty(), "other namespaces are ignored");
+    assert!(facts(5).is_empty(), "other claim templates are ignored");
+    assert_eq!(
+        o.ordinals.len(),
+        3,
+        "data-web-05 is no ordinal: {:?}",
+        o.ordinals.keys()
+    );
+}
+
+#[test]
+fn a_claim_another_set_still_wants_is_marked() {
+    // `data-a-b-0` fits set `a-b` (template `data`) and set `b` (template `data-a`).
+    let set = from(json!({
+        "metadata": {"name": "b", "namespace": "ns", "uid": "uid-b",
+                     "annotations": {naming::TEMPLATE_ANNOTATION: "{}"}},
+        "spec": {"replicas": 0, "selector": {}, "template": {},
+                 "volumeClaimTemplates": [{"metadata": {"name": "data-a"}}]}
+    }));
+    let other = from(json!({
+        "metadata": {"name": "a-b", "namespace": "ns", "uid": "uid-ab"},
+        "spec": {"replicas": 1, "selector": {}, "template": {},
+                 "volumeClaimTemplates": [{"metadata": {"name": "data"}}]}
+    }));
+    let o = observed(&set, &[other], &[claim("ns", "data-a-b-0")], &[]);
+    assert_eq!(
+        o.ordinals[&0].claims[0].wanted_by_other.as_deref(),
+        Some("a-b")
+    );
+}
+
+#[test]
+fn records_table() {
+    let one = |raw: &str| parse_records(Some(raw));
+    assert_eq!(one(r#"{"2":{"pod":"u","claims":{"c":"v"}}}"#)[&2].pod, "u");
+    assert!(one("not json").is_empty(), "malformed proves nothing");
+    assert!(
+        one(r#"{"02":{"pod":"u"}}"#).is_empty(),
+        "not a canonical ordinal"
+    );
+    assert!(one(r#"{"-1":{"pod":"u"}}"#).is_empty());
+    assert!(
+        one(r#"{"2":{"claims":{}}}"#).is_empty(),
+        "a record names its pod"
+    );
+    let huge = format!(r#"{{"2":{{"pod":"{}"}}}}"#, "u".repeat(300 * 1024));
+    assert!(one(&huge).is_empty(), "over the size limit");
+    assert!(parse_records(None).is_empty());
+    let records = one(r#"{"3":{"pod":"a","claims":{"d":"e"}},"1":{"pod":"b"}}"#);
+    assert_eq!(parse_records(Some(&format_records(&records))), records);
+}
