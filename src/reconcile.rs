@@ -386,13 +386,17 @@ impl Context {
         let mut free = self.policy.max_in_flight.map_or(usize::MAX, |cap| {
             cap.saturating_sub(self.cached_in_flight() + created.len())
         });
-        let (mut reserved, mut held_back) = (Vec::new(), false);
+        let (mut reserved, mut held_back, mut retry_in) = (Vec::new(), false, None);
         plan.steps.retain(|step| {
             let Step::CreateCleanupPod { ordinal, .. } = step else {
                 return true;
             };
             let key = (set.namespace.clone(), naming::pod_name(&set.name, *ordinal));
-            if created.contains_key(&key) {
+            if let Some(at) = created.get(&key) {
+                // Look again once it may be created again: the pod may be gone already (the
+                // StatefulSet controller deleting the ordinal's old pod by name can take it).
+                let left = CREATED_GRACE.saturating_sub(at.elapsed());
+                retry_in = Some(retry_in.map_or(left, |r: Duration| r.min(left)));
                 return false;
             }
             if free == 0 {
@@ -406,6 +410,9 @@ impl Context {
         });
         if held_back {
             plan.requeue(decide::CAP_RECHECK);
+        }
+        if let Some(after) = retry_in {
+            plan.requeue(after + Duration::from_millis(100));
         }
         (plan, reserved)
     }
