@@ -155,6 +155,15 @@ start_component() {
   ) &
   local pid=$!
   echo "$pid" >"$pids/$name.pid"
+  # Until the subshell has exec'd, its command line is this script's, so is_ours (and with it
+  # component_alive) would call a healthy start dead. Wait for the exec (or an early death, which
+  # the caller's wait_until reports with the log).
+  local i
+  for ((i = 0; i < 200; i++)); do
+    is_ours "$pid" && return 0
+    proc_alive "$pid" || return 0
+    sleep 0.05
+  done
 }
 
 # --- health checks ---------------------------------------------------------------------------------
