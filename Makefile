@@ -9,7 +9,7 @@ FUZZ_CASES ?= 1000000
 # The image, named in one place; artifacts/*.yaml use the same (a test checks it).
 IMAGE ?= ghcr.io/statefulset-scaledown/statefulset-scaledown-controller:0.1.0
 
-.PHONY: test fmt-check clippy unit fuzz e2e chaos chaos-ci control-plane cluster-up cluster-down demo build image
+.PHONY: test fmt-check clippy unit fuzz e2e chaos chaos-ci control-plane cluster-up cluster-down demo build image image-push docker-image
 
 ## test: formatting, lints, unit tests, e2e tests and a short seeded chaos run on the local control plane
 test: fmt-check clippy unit e2e chaos-ci
@@ -63,6 +63,16 @@ cluster-down:
 demo:
 	hack/demo.sh
 
-## image: build the container image (needs a container engine; none runs on our CI machines)
+## image: the OCI image in target/image/oci without a container engine (hack/image.sh): a static
+## binary on an empty base, reproducible (SOURCE_DATE_EPOCH = the commit's time); prints the digest
 image:
-	docker build -t $(IMAGE) .
+	hack/image.sh $(IMAGE)
+
+## image-push: push target/image/oci to IMAGE's registry (crane; log in first with `crane auth login`)
+image-push:
+	"$$(hack/build-tools.sh crane | tail -n 1)" push target/image/oci $(IMAGE)
+
+## docker-image: the same layout with a container engine (Dockerfile)
+docker-image:
+	docker build --build-arg GIT_COMMIT=$$(git rev-parse HEAD) \
+	  --build-arg SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct) -t $(IMAGE) .
