@@ -9,7 +9,7 @@ FUZZ_CASES ?= 1000000
 # The image, named in one place; artifacts/*.yaml use the same (a test checks it).
 IMAGE ?= ghcr.io/statefulset-scaledown/statefulset-scaledown-controller:0.1.0
 
-.PHONY: test fmt-check clippy unit fuzz e2e chaos chaos-ci control-plane cluster-up cluster-down demo build image image-push docker-image
+.PHONY: test fmt-check clippy unit fuzz e2e chaos chaos-ci control-plane cluster-up cluster-down demo build image image-push docker-image manifests
 
 ## test: formatting, lints, unit tests, e2e tests and a short seeded chaos run on the local control plane
 test: fmt-check clippy unit e2e chaos-ci
@@ -48,6 +48,10 @@ chaos-ci:
 
 build:
 	$(CARGO) build --locked --release
+
+## manifests: render artifacts/*.yaml from the Helm chart (tests/e2e_chart.rs checks they match)
+manifests:
+	hack/manifests.sh
 
 ## control-plane: build (or reuse) the cached Kubernetes, KWOK and etcd binaries
 control-plane:
