@@ -167,6 +167,11 @@ pub async fn assert_restricted_enforced(cluster: &Cluster, namespace: &str) {
 
 /// Waits until the manifest's Deployment in `namespace` has two pods, admitted and ready.
 pub async fn wait_deployment_ready(cluster: &Cluster, namespace: &str) {
+    wait_deployment_ready_named(cluster, namespace, SERVICE_ACCOUNT).await;
+}
+
+/// Waits until Deployment `name` in `namespace` has two pods, admitted and ready.
+pub async fn wait_deployment_ready_named(cluster: &Cluster, namespace: &str, name: &str) {
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), namespace);
     let deployments: Api<Deployment> = Api::namespaced(cluster.client.clone(), namespace);
     wait_for(
@@ -185,7 +190,7 @@ pub async fn wait_deployment_ready(cluster: &Cluster, namespace: &str) {
         LONG,
         || async {
             deployments
-                .get_opt(SERVICE_ACCOUNT)
+                .get_opt(name)
                 .await
                 .ok()
                 .flatten()
@@ -588,9 +593,19 @@ pub async fn failed_cleanup_is_retried(ns: &TestNamespace, class: &str, identity
 
 /// The Lease in `namespace` is held by `identity`.
 pub async fn assert_lease_held(cluster: &Cluster, namespace: &str, identity: &str) {
+    assert_lease_held_named(cluster, namespace, LEASE, identity).await;
+}
+
+/// Lease `lease` in `namespace` is held by `identity`.
+pub async fn assert_lease_held_named(
+    cluster: &Cluster,
+    namespace: &str,
+    lease: &str,
+    identity: &str,
+) {
     let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), namespace);
     let holder = leases
-        .get_opt(LEASE)
+        .get_opt(lease)
         .await
         .expect("get lease")
         .and_then(|l| l.spec)
@@ -598,7 +613,7 @@ pub async fn assert_lease_held(cluster: &Cluster, namespace: &str, identity: &st
     assert_eq!(
         holder.as_deref(),
         Some(identity),
-        "Lease {namespace}/{LEASE} should be held by the controller started with --leader-elect"
+        "Lease {namespace}/{lease} should be held by the controller started with --leader-elect"
     );
 }
 
