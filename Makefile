@@ -28,7 +28,8 @@ fuzz:
 	FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test --locked --lib template::fuzz -- --nocapture
 
 ## e2e: starts the local control plane if none runs, runs tests/e2e_*.rs, stops what it started
-e2e:
+## (builds the image first: tests/e2e_image.rs runs it)
+e2e: image
 	$(CARGO) build --locked --bins --tests
 	hack/with-cluster.sh $(CARGO) test --locked --test 'e2e_*' -- --test-threads=$(E2E_THREADS)
 

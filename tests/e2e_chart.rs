@@ -553,7 +553,12 @@ async fn chart_namespace_scope_installs_and_its_rbac_suffices() {
     // The chart's pods were admitted under "restricted"; the test's own StatefulSets (busybox
     // without a securityContext) would not be.
     cluster
-        .kubectl(&["label", "namespace", &a.name, "pod-security.kubernetes.io/enforce-"])
+        .kubectl(&[
+            "label",
+            "namespace",
+            &a.name,
+            "pod-security.kubernetes.io/enforce-",
+        ])
         .await;
 
     let token = token_kubeconfig_for(&cluster, &a.name, full).await;
