@@ -9,7 +9,7 @@ FUZZ_CASES ?= 1000000
 # The image, named in one place; artifacts/*.yaml use the same (a test checks it).
 IMAGE ?= ghcr.io/statefulset-scaledown/statefulset-scaledown-controller:0.1.0
 
-.PHONY: test fmt-check clippy unit fuzz e2e chaos chaos-ci control-plane cluster-up cluster-down demo build image image-push docker-image manifests
+.PHONY: test fmt-check clippy unit fuzz e2e chaos chaos-ci control-plane cluster-up cluster-down demo build image image-push docker-image manifests deny audit
 
 ## test: formatting, lints, unit tests, e2e tests and a short seeded chaos run on the local control plane
 test: fmt-check clippy unit e2e chaos-ci
@@ -49,6 +49,14 @@ chaos-ci:
 
 build:
 	$(CARGO) build --locked --release
+
+## deny: licenses, bans and sources of the dependency tree (cargo-deny, deny.toml; offline)
+deny:
+	hack/deny.sh licenses bans sources
+
+## audit: RustSec advisories of the locked dependencies (cargo-deny; needs the advisory database)
+audit:
+	hack/deny.sh advisories
 
 ## manifests: render artifacts/*.yaml from the Helm chart (tests/e2e_chart.rs checks they match)
 manifests:
