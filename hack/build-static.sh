@@ -23,7 +23,9 @@ case "$target" in
 esac
 
 # --target keeps RUSTFLAGS off build scripts and proc macros (they cannot be static).
-RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$root=/src --remap-path-prefix=$cargo_home=/cargo" \
+# SOURCE_DATE_EPOCH is kept from cargo: the cc crate (ring, psm) reruns its build scripts when it
+# changes, which would rebuild everything after each commit; the binary does not depend on it.
+env -u SOURCE_DATE_EPOCH RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$root=/src --remap-path-prefix=$cargo_home=/cargo" \
   cargo build --locked --release --target "$target" --bin statefulset-scaledown-controller \
   --manifest-path "$root/Cargo.toml"
 bin="${CARGO_TARGET_DIR:-$root/target}/$target/release/statefulset-scaledown-controller"
