@@ -9,7 +9,7 @@ FUZZ_CASES ?= 1000000
 # The image, named in one place; artifacts/*.yaml use the same (a test checks it).
 IMAGE ?= ghcr.io/statefulset-scaledown/statefulset-scaledown-controller:0.1.0
 
-.PHONY: test fmt-check clippy unit fuzz props e2e e2e-faults chaos chaos-ci bench bench-report control-plane cluster-up cluster-down demo build image
+.PHONY: test fmt-check clippy unit fuzz props e2e e2e-faults chaos chaos-ci bench bench-report control-plane cluster-up cluster-down demo build image image-push docker-image manifests deny audit
 
 ## test: formatting, lints, unit tests, e2e tests, the fault tests and a short seeded chaos run on the
 ## local control plane
@@ -38,8 +38,8 @@ props:
 E2E_TESTS := $(patsubst tests/%.rs,--test %,$(filter-out tests/e2e_faults.rs,$(sort $(wildcard tests/e2e_*.rs))))
 
 ## e2e: starts the local control plane if none runs, runs tests/e2e_*.rs (but e2e_faults), stops
-## what it started
-e2e:
+## what it started (builds the image first: tests/e2e_image.rs runs it)
+e2e: image
 	$(CARGO) build --locked --bins --tests
 	hack/with-cluster.sh $(CARGO) test --locked $(E2E_TESTS) -- --test-threads=$(E2E_THREADS)
 
@@ -91,6 +91,18 @@ bench-report:
 build:
 	$(CARGO) build --locked --release
 
+## deny: licenses, bans and sources of the dependency tree (cargo-deny, deny.toml; offline)
+deny:
+	hack/deny.sh licenses bans sources
+
+## audit: RustSec advisories of the locked dependencies (cargo-deny; needs the advisory database)
+audit:
+	hack/deny.sh advisories
+
+## manifests: render artifacts/*.yaml from the Helm chart (tests/e2e_chart.rs checks they match)
+manifests:
+	hack/manifests.sh
+
 ## control-plane: build (or reuse) the cached Kubernetes, KWOK and etcd binaries
 control-plane:
 	hack/build-control-plane.sh
@@ -105,6 +117,16 @@ cluster-down:
 demo:
 	hack/demo.sh
 
-## image: build the container image (needs a container engine; none runs on our CI machines)
+## image: the OCI image in target/image/oci without a container engine (hack/image.sh): a static
+## binary on an empty base, reproducible (SOURCE_DATE_EPOCH = the commit's time); prints the digest
 image:
-	docker build -t $(IMAGE) .
+	hack/image.sh $(IMAGE)
+
+## image-push: push target/image/oci to IMAGE's registry (crane; log in first with `crane auth login`)
+image-push:
+	"$$(hack/build-tools.sh crane | tail -n 1)" push target/image/oci $(IMAGE)
+
+## docker-image: the same layout with a container engine (Dockerfile)
+docker-image:
+	docker build --build-arg GIT_COMMIT=$$(git rev-parse HEAD) \
+	  --build-arg SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct) -t $(IMAGE) .

@@ -10,7 +10,7 @@
 #                            they died) and wait until they are healthy
 #
 # State lives in target/cluster/ (PKI, kubeconfigs, etcd data, pids/, logs/). The admin kubeconfig is
-# target/cluster/kubeconfig and kubectl is target/cluster/bin/kubectl.
+# target/cluster/kubeconfig, kubectl is target/cluster/bin/kubectl and helm target/cluster/bin/helm.
 #
 # Environment:
 #   SCALEDOWN_E2E_PORT_BASE   first of six consecutive ports (default 23400):
@@ -489,6 +489,10 @@ cmd_up() {
   mkdir -p "$pids" "$logs" "$state/bin" "$state/etcd" "$state/apiserver" "$state/kwok-home"
   chmod 700 "$state/etcd"
   ln -sf "$bins/kubectl" "$state/bin/kubectl"
+  # Helm (pinned in hack/tools.env, built once into the same cache) for the chart tests.
+  local helm
+  helm=$("$here/build-tools.sh" helm | tail -n 1) || fail "" "hack/build-tools.sh helm failed"
+  ln -sf "$helm" "$state/bin/helm"
   local cluster_id
   cluster_id="$(date +%Y%m%d-%H%M%S)-$$"
   echo "$cluster_id" >"$state/cluster-id"

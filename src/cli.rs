@@ -12,8 +12,16 @@ use crate::error::Error;
 /// File where Kubernetes mounts the namespace of a pod's ServiceAccount.
 const SERVICEACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
+/// `--version`: the crate version and the commit it was built from (build.rs).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("SCALEDOWN_GIT_COMMIT"),
+    ")"
+);
+
 #[derive(Clone, Debug, Parser)]
-#[command(name = "statefulset-scaledown-controller", version, about)]
+#[command(name = "statefulset-scaledown-controller", version = VERSION, about)]
 pub struct Args {
     /// Path to a kubeconfig; without it, in-cluster config or $KUBECONFIG is used.
     #[arg(long, env = "KUBECONFIG")]
@@ -99,11 +107,12 @@ pub struct Args {
     #[arg(long, hide = true)]
     pub leader_elect_resource_lock: Option<String>,
 
-    /// Address serving /metrics ("0" turns it off).
+    /// Address serving /metrics: HOST:PORT, or :PORT for every interface (as controller-runtime);
+    /// "0" turns it off.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub metrics_bind_address: String,
 
-    /// Address serving /healthz and /readyz ("0" turns it off).
+    /// Address serving /healthz and /readyz: HOST:PORT or :PORT; "0" turns it off.
     #[arg(long, default_value = "0.0.0.0:8081")]
     pub health_probe_bind_address: String,
 
@@ -213,5 +222,18 @@ mod tests {
         assert_eq!(args.policy().backoff_base, Duration::from_secs(1));
         assert!(Args::try_parse_from(["c", "--namespace", "x", "--localOnly"]).is_err());
         assert!(Args::try_parse_from(["c", "--cleanup-attempts", "0"]).is_err());
+    }
+
+    /// `--version` names the version and the commit.
+    #[test]
+    fn version_names_the_commit() {
+        let err = Args::try_parse_from(["c", "--version"]).expect_err("--version exits");
+        let text = err.to_string();
+        assert!(text.contains(env!("CARGO_PKG_VERSION")), "{text}");
+        assert!(
+            text.contains(&format!("(commit {})", env!("SCALEDOWN_GIT_COMMIT"))),
+            "{text}"
+        );
+        assert!(!env!("SCALEDOWN_GIT_COMMIT").is_empty());
     }
 }

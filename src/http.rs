@@ -27,15 +27,20 @@ pub struct Probe {
     pub stores: Stores,
 }
 
-/// Parses a bind address flag; `"0"` (or empty) means "do not serve".
+/// Parses a bind address flag as controller-runtime does: `"0"` (or empty) means "do not serve",
+/// `":PORT"` every IPv4 interface, else `IP:PORT` (`[::1]:PORT` for IPv6).
 pub fn bind_address(flag: &str) -> Result<Option<SocketAddr>> {
-    match flag.trim() {
-        "" | "0" => Ok(None),
-        addr => addr
-            .parse()
-            .map(Some)
-            .map_err(|e| Error::Config(format!("bind address {addr:?}: {e}"))),
-    }
+    let addr = flag.trim();
+    let parsed = match addr {
+        "" | "0" => return Ok(None),
+        _ if addr.starts_with(':') => format!("0.0.0.0{addr}").parse(),
+        _ => addr.parse(),
+    };
+    parsed.map(Some).map_err(|e| {
+        Error::Config(format!(
+            "bind address {addr:?} (want HOST:PORT, :PORT or 0): {e}"
+        ))
+    })
 }
 
 /// Binds `addr` now, so that a busy port fails the start instead of a background task.
@@ -94,10 +99,54 @@ async fn metrics(State(probe): State<Probe>) -> impl IntoResponse {
             .set_cleanups_running(running.iter().filter(|p| observe::in_flight(p)).count());
     }
     (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        probe.metrics.encode(),
+        [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
+        exposition(&probe.metrics),
     )
+}
+
+/// What `/metrics` sends: prometheus-client writes OpenMetrics text (`# EOF` at the end, counters
+/// with `_total`), so it is labelled as that, not as the older Prometheus text format.
+pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The controller's families, then the process families (no prefix), then `# EOF`.
+pub fn exposition(metrics: &Metrics) -> String {
+    use prometheus_client::encoding::text;
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = text::encode_registry(&mut out, &metrics.registry);
+    let _ = text::encode_registry(&mut out, &crate::process::registry());
+    let _ = text::encode_eof(&mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bind_addresses_as_controller_runtime() {
+        let addr = |s: &str| bind_address(s).expect(s).map(|a| a.to_string());
+        assert_eq!(addr("0"), None);
+        assert_eq!(addr(""), None);
+        assert_eq!(addr(":8080").as_deref(), Some("0.0.0.0:8080"));
+        assert_eq!(addr("127.0.0.1:9090").as_deref(), Some("127.0.0.1:9090"));
+        assert_eq!(addr("[::1]:8081").as_deref(), Some("[::1]:8081"));
+        assert!(bind_address(":http").is_err());
+        assert!(bind_address("8080").is_err());
+    }
+
+    /// The body is OpenMetrics (what the Content-Type says): one `# EOF`, last; the controller's
+    /// families and the process families are both in it.
+    #[test]
+    fn exposition_is_openmetrics() {
+        let text = exposition(&Metrics::default());
+        assert!(METRICS_CONTENT_TYPE.starts_with("application/openmetrics-text"));
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert_eq!(text.matches("# EOF").count(), 1);
+        assert!(
+            text.contains("# TYPE scaledown_reconciles counter"),
+            "{text}"
+        );
+        assert!(text.contains("\nprocess_resident_memory_bytes "), "{text}");
+    }
 }

@@ -111,6 +111,28 @@ impl Controller {
         }
     }
 
+    /// Runs `command` (any program that behaves as the controller, e.g. the image under an OCI
+    /// runtime) with stdout and stderr in target/e2e-logs/<log_name>.log; killed when dropped.
+    pub fn spawn_command(mut command: tokio::process::Command, log_name: &str) -> Controller {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/e2e-logs");
+        std::fs::create_dir_all(&dir).expect("log dir");
+        let log = dir.join(format!("{log_name}.log"));
+        let file = std::fs::File::create(&log).expect("log file");
+        let err = file.try_clone().expect("log file");
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the command");
+        Controller {
+            child,
+            log,
+            started: std::time::Instant::now(),
+        }
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -11,6 +11,7 @@
 // Each e2e test binary compiles this module on its own and uses only part of it.
 #![allow(dead_code)]
 
+pub mod deploy;
 pub mod fixtures;
 pub mod recorder;
 

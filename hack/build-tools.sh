@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Builds one pinned tool (hack/tools.env) from its Go module (or, for cargo-cyclonedx, its crate)
+# into the cache beside the control plane, keyed by its version, the toolchain and this recipe.
+# Prints the path of the binary as the last line of stdout.
+#
+#   hack/build-tools.sh umoci|crane|helm|runc|cargo-cyclonedx
+#
+# The build is atomic (temp dir + rename) and serialised with flock, as hack/build-control-plane.sh.
+#
+# Environment:
+#   SCALEDOWN_E2E_CACHE  cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/statefulset-scaledown-e2e)
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=tools.env
+source "$here/tools.env"
+
+tool=${1:-}
+log() { printf '[build-tools] %s\n' "$*" >&2; }
+
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOWORK=off
+cache=${SCALEDOWN_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/statefulset-scaledown-e2e}
+recipe=$(cat "$here/build-tools.sh" "$here/tools.env" | sha256sum | cut -c1-12)
+
+case "$tool" in
+umoci) version=$UMOCI_VERSION ;;
+crane) version=$CRANE_VERSION ;;
+helm) version=$HELM_VERSION ;;
+runc) version=$RUNC_VERSION ;;
+cargo-cyclonedx) version=$CARGO_CYCLONEDX_VERSION ;;
+*)
+  echo "usage: $0 umoci|crane|helm|runc|cargo-cyclonedx" >&2
+  exit 2
+  ;;
+esac
+if [[ "$tool" == cargo-* ]]; then
+  toolchain=$(rustc -V | awk '{print $2}')
+else
+  toolchain=$(go env GOVERSION)
+fi
+key="${tool}-${version}_${toolchain}_$(uname -s)-$(uname -m)_${recipe}"
+out="$cache/tools/$key"
+
+if [[ -f "$out/.complete" ]]; then
+  echo "$out/$tool"
+  exit 0
+fi
+mkdir -p "$cache/tools"
+exec 9>"$cache/tools/$key.lock"
+flock 9
+if [[ -f "$out/.complete" ]]; then
+  echo "$out/$tool"
+  exit 0
+fi
+
+started=$(date +%s)
+tmp="$cache/tools/$key.tmp.$$"
+rm -rf "$tmp"
+mkdir -p "$tmp/src"
+trap 'rm -rf "$tmp"' EXIT
+log "building $tool $version"
+
+case "$tool" in
+umoci)
+  # umoci's go.mod replaces go-mtree by a fork, which `go install pkg@version` refuses; a wrapper
+  # module repeats that replace.
+  gomod=$(go mod download -json "github.com/opencontainers/umoci@$version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')
+  {
+    printf 'module local.test/umocibin\n\ngo 1.26.0\n\nrequire github.com/opencontainers/umoci %s\n\n' "$version"
+    grep '^replace ' "$gomod"
+  } >"$tmp/src/go.mod"
+  printf '//go:build tools\n\npackage tools\n\nimport _ "github.com/opencontainers/umoci/cmd/umoci"\n' >"$tmp/src/tools.go"
+  (cd "$tmp/src" && go mod tidy -e >&2 && go build -trimpath -ldflags "-s -w" -o "$tmp/umoci" github.com/opencontainers/umoci/cmd/umoci)
+  "$tmp/umoci" --version | grep -q "umoci version ${version#v}"
+  ;;
+crane)
+  GOBIN="$tmp" go install -trimpath -ldflags "-s -w" "github.com/google/go-containerregistry/cmd/crane@$version"
+  "$tmp/crane" version >/dev/null
+  ;;
+helm)
+  GOBIN="$tmp" go install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$version" "helm.sh/helm/v4/cmd/helm@$version"
+  "$tmp/helm" version --short >/dev/null
+  ;;
+runc)
+  # runc needs cgo (its nsenter); seccomp is left out (no libseccomp headers needed).
+  CGO_ENABLED=1 GOBIN="$tmp" go install -trimpath -tags "" -ldflags "-s -w" "github.com/opencontainers/runc@$version"
+  "$tmp/runc" --version | grep -q "runc version ${version#v}"
+  ;;
+cargo-cyclonedx)
+  cargo install --quiet --locked --root "$tmp/src" "cargo-cyclonedx" --version "$version" >&2
+  mv "$tmp/src/bin/cargo-cyclonedx" "$tmp/cargo-cyclonedx"
+  ;;
+esac
+
+rm -rf "$tmp/src"
+echo "$tool $version built in $(($(date +%s) - started)) s with $toolchain" >"$tmp/VERSION"
+touch "$tmp/.complete"
+mv -T "$tmp" "$out"
+trap - EXIT
+log "built $tool $version in $(($(date +%s) - started)) s into $out"
+echo "$out/$tool"

@@ -1,0 +1,684 @@
+//! The Helm chart (`charts/statefulset-scaledown-controller`) with the pinned Helm
+//! (`target/cluster/bin/helm`, linked by `hack/cluster.sh up`): `helm lint`; the plain manifests
+//! are its output (no drift); every controller flag is reachable through its values; the
+//! dashboard and the alerts use only exported metrics; its output in both scopes passes a
+//! server-side dry run and applies; and its RBAC is enough for the controller binary run with
+//! nothing but a token of the chart's ServiceAccount (namespace scope installed by `helm install`,
+//! cluster scope by `helm template | kubectl apply`).
+//!
+//! The cluster-scope test's controller watches all namespaces, so the tests that run a controller
+//! take turns (`CONTROLLER_LOCK`).
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+use support::deploy::*;
+use support::{Cluster, Reclaim};
+
+const CHART: &str = "charts/statefulset-scaledown-controller";
+
+fn chart() -> String {
+    repo().join(CHART).to_string_lossy().into_owned()
+}
+
+fn helm_binary() -> PathBuf {
+    let helm = support::cluster_state_dir().join("bin").join("helm");
+    assert!(
+        helm.exists(),
+        "no {}: `hack/cluster.sh up` links the pinned Helm there (hack/build-tools.sh helm)",
+        helm.display()
+    );
+    helm
+}
+
+/// Runs helm with `args` (and the cluster's kubeconfig); panics unless it succeeds; returns stdout.
+fn helm(kubeconfig: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(helm_binary())
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .expect("run helm");
+    assert!(
+        out.status.success(),
+        "helm {args:?} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `helm template RELEASE chart` with `values` (a JSON object) as a values file.
+fn template(release: &str, namespace: &str, values: &Value) -> String {
+    let file = scratch_file(
+        &format!("values-{release}-{namespace}.json"),
+        &values.to_string(),
+    );
+    let kubeconfig = support::cluster_state_dir().join("kubeconfig");
+    helm(
+        &kubeconfig,
+        &[
+            "template",
+            release,
+            &chart(),
+            "--namespace",
+            namespace,
+            "-f",
+            &file,
+        ],
+    )
+}
+
+fn deployment_args(objects: &[Value]) -> Vec<String> {
+    objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("a Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(|a| a.as_str().map(String::from))
+        .collect()
+}
+
+/// The flag names (without `--`) in the controller's `--help`, and whether each takes a value.
+fn help_flags() -> Vec<(String, bool)> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_statefulset-scaledown-controller"))
+        .arg("--help")
+        .output()
+        .expect("run --help");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            let l = l
+                .strip_prefix("-")
+                .filter(|r| r.len() > 2 && &r[1..3] == ", ")
+                .map_or(l, |r| &r[3..]);
+            let rest = l.strip_prefix("--")?;
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect();
+            let takes_value = rest[name.len()..].trim_start().starts_with('<');
+            Some((name, takes_value))
+        })
+        .filter(|(name, _)| name != "help" && name != "version")
+        .collect()
+}
+
+fn camel_case(flag: &str) -> String {
+    let mut out = String::new();
+    let mut upper = false;
+    for c in flag.chars() {
+        if c == '-' {
+            upper = true;
+        } else if upper {
+            out.push(c.to_ascii_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Metric names of the README's metrics table, with their types.
+fn documented_metrics() -> Vec<(String, String)> {
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README");
+    readme
+        .lines()
+        .filter(|l| l.starts_with("| `scaledown_") || l.starts_with("| `process_"))
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let name = cells.get(1)?.trim_matches('`').to_string();
+            Some((name, cells.get(2)?.to_string()))
+        })
+        .collect()
+}
+
+/// The metric names an expression uses (identifiers starting with `scaledown_` or `process_`).
+fn metrics_in(expr: &str) -> BTreeSet<String> {
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|t| t.starts_with("scaledown_") || t.starts_with("process_"))
+        .map(String::from)
+        .collect()
+}
+
+/// `name` is exported: in the README table, or a histogram's `_bucket`/`_sum`/`_count`.
+fn is_exported(name: &str, documented: &[(String, String)]) -> bool {
+    documented.iter().any(|(n, kind)| {
+        n == name
+            || (kind == "histogram"
+                && ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .any(|s| name.strip_suffix(s) == Some(n.as_str())))
+    })
+}
+
+/// Every expression under `value` (key `expr`).
+fn exprs(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                match (k.as_str(), v) {
+                    ("expr", Value::String(s)) => out.push(s.clone()),
+                    _ => exprs(v, out),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| exprs(v, out)),
+        _ => {}
+    }
+}
+
+fn all_optional() -> Value {
+    json!({
+        "metrics": {"serviceMonitor": {"enabled": true}, "prometheusRule": {"enabled": true},
+                    "grafanaDashboard": {"enabled": true}},
+        "networkPolicy": {"enabled": true, "apiServer": {"cidrs": ["10.96.0.1/32"]}},
+    })
+}
+
+// === static checks (helm, no cluster objects) ===
+
+#[test]
+fn chart_lints_in_both_scopes() {
+    let kc = support::cluster_state_dir().join("kubeconfig");
+    let chart = chart();
+    for set in [
+        "scope=cluster",
+        "scope=namespace",
+        "replicas=1",
+        "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true,metrics.grafanaDashboard.enabled=true,networkPolicy.enabled=true",
+    ] {
+        let out = helm(&kc, &["lint", "--strict", &chart, "--set", set]);
+        assert!(
+            out.contains("1 chart(s) linted, 0 chart(s) failed"),
+            "{set}: {out}"
+        );
+    }
+}
+
+/// artifacts/*.yaml are exactly what hack/manifests.sh renders from the chart.
+#[test]
+fn manifests_are_rendered_from_the_chart() {
+    let out = std::process::Command::new(repo().join("hack/manifests.sh"))
+        .arg("--check")
+        .env("HELM", helm_binary())
+        .output()
+        .expect("run hack/manifests.sh --check");
+    assert!(
+        out.status.success(),
+        "artifacts/*.yaml differ from the chart (run `make manifests`):\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every flag of `--help` is reachable: the ones the chart manages from their values
+/// (scope, leaderElection, ports), every other one from a documented key of `controller` in
+/// values.yaml (camelCase of the flag).
+#[test]
+fn every_controller_flag_is_reachable_through_values() {
+    let values: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(repo().join(CHART).join("values.yaml")).expect("values.yaml"),
+    )
+    .expect("values.yaml parses");
+    let documented: BTreeSet<String> = values["controller"]
+        .as_object()
+        .expect("controller map")
+        .keys()
+        .cloned()
+        .collect();
+    let managed = [
+        "localOnly",
+        "leaderElect",
+        "leaderElectionId",
+        "leaderElectionNamespace",
+        "leaderElectLeaseDuration",
+        "leaderElectRenewDeadline",
+        "leaderElectRetryPeriod",
+        "metricsBindAddress",
+        "healthProbeBindAddress",
+    ];
+    let flags = help_flags();
+    assert!(flags.len() > 15, "too few flags in --help: {flags:?}");
+    let mut controller = serde_json::Map::new();
+    for (flag, takes_value) in &flags {
+        let key = camel_case(flag);
+        if managed.contains(&key.as_str()) {
+            continue;
+        }
+        assert!(
+            documented.contains(&key),
+            "--{flag} has no key `controller.{key}` in values.yaml"
+        );
+        controller.insert(
+            key,
+            if *takes_value {
+                json!("7")
+            } else {
+                json!(true)
+            },
+        );
+    }
+    let mut rendered = BTreeSet::new();
+    for scope in ["cluster", "namespace"] {
+        let values = json!({
+            "scope": scope, "controller": controller.clone(),
+            "leaderElection": {"id": "lease-x", "namespace": "lease-ns", "leaseDuration": "20s",
+                               "renewDeadline": "15s", "retryPeriod": "3s"},
+            "metrics": {"port": 9090}, "health": {"port": 9091},
+        });
+        for arg in deployment_args(&yaml_objects(&template("flags", "ns", &values))) {
+            let name = arg.trim_start_matches("--");
+            rendered.insert(name.split('=').next().unwrap_or(name).to_string());
+        }
+    }
+    let wanted: BTreeSet<String> = flags.into_iter().map(|(f, _)| f).collect();
+    assert_eq!(rendered, wanted, "flags rendered by the chart vs --help");
+}
+
+/// The chart's image is the one `make image` tags: repository and tag of the Makefile's IMAGE,
+/// and the chart's appVersion and version are the crate's.
+#[test]
+fn chart_image_and_versions_match_the_crate_and_the_makefile() {
+    let makefile = std::fs::read_to_string(repo().join("Makefile")).expect("Makefile");
+    let image = makefile
+        .lines()
+        .find_map(|l| l.strip_prefix("IMAGE ?= "))
+        .map(str::trim)
+        .expect("IMAGE ?= in the Makefile");
+    let chart: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(repo().join(CHART).join("Chart.yaml")).expect("Chart.yaml"),
+    )
+    .expect("Chart.yaml parses");
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(chart["appVersion"], version);
+    assert_eq!(chart["version"], version);
+    assert_eq!(image.rsplit_once(':').map(|(_, t)| t), Some(version));
+    let objects = yaml_objects(&template("img", "ns", &json!({})));
+    let mut found = Vec::new();
+    for o in &objects {
+        images(o, &mut found);
+    }
+    assert_eq!(found, [image.to_string()]);
+    let pinned = yaml_objects(&template(
+        "img",
+        "ns",
+        &json!({"image": {"digest": "sha256:0123"}}),
+    ));
+    let mut found = Vec::new();
+    for o in &pinned {
+        images(o, &mut found);
+    }
+    let repository = image.rsplit_once(':').map(|(r, _)| r).unwrap_or(image);
+    assert!(
+        found.contains(&format!("{repository}@sha256:0123")),
+        "{found:?}"
+    );
+}
+
+/// The dashboard is valid JSON with unique panel ids, every query uses only metrics of the
+/// README's table, and it shows what an operator looks for; the alerts use only exported
+/// metrics too.
+#[test]
+fn dashboard_and_alerts_use_only_exported_metrics() {
+    let documented = documented_metrics();
+    assert!(documented.len() > 15, "{documented:?}");
+    let path = repo()
+        .join(CHART)
+        .join("dashboards/statefulset-scaledown-controller.json");
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("dashboard"))
+            .expect("valid JSON");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    let ids: BTreeSet<i64> = panels.iter().filter_map(|p| p["id"].as_i64()).collect();
+    assert_eq!(ids.len(), panels.len(), "panel ids are unique");
+    let mut queries = Vec::new();
+    exprs(&dashboard, &mut queries);
+    assert!(queries.len() >= panels.len());
+    let used: BTreeSet<String> = queries.iter().flat_map(|e| metrics_in(e)).collect();
+    for name in &used {
+        assert!(
+            is_exported(name, &documented),
+            "dashboard uses {name}, which /metrics does not export"
+        );
+    }
+    for needed in [
+        "scaledown_leader",
+        "scaledown_cleanups_running",
+        "scaledown_cleanups_given_up_total",
+        "scaledown_orphaned_claims",
+        "scaledown_reconcile_errors_total",
+        "scaledown_cleanup_duration_seconds_bucket",
+        "process_resident_memory_bytes",
+    ] {
+        assert!(used.contains(needed), "the dashboard shows no {needed}");
+    }
+
+    let rules = yaml_objects(&template("alerts", "ns", &all_optional()));
+    let rule = rules
+        .iter()
+        .find(|o| o["kind"] == "PrometheusRule")
+        .expect("a PrometheusRule");
+    let mut alert_exprs = Vec::new();
+    exprs(rule, &mut alert_exprs);
+    let alerts: Vec<&str> = rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .filter_map(|r| r["alert"].as_str())
+        .collect();
+    assert_eq!(
+        alerts,
+        [
+            "StatefulSetScaledownCleanupGaveUp",
+            "StatefulSetScaledownOrphanedClaims",
+            "StatefulSetScaledownNoLeader",
+            "StatefulSetScaledownAPIErrors"
+        ]
+    );
+    for expr in &alert_exprs {
+        assert!(!metrics_in(expr).is_empty(), "{expr}");
+        for name in metrics_in(expr) {
+            assert!(is_exported(&name, &documented), "alert uses {name}: {expr}");
+        }
+    }
+    // The dashboard ConfigMap carries the file as is.
+    let cm = rules
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap")
+        .expect("dashboard ConfigMap");
+    let embedded: Value = serde_json::from_str(
+        cm["data"]["statefulset-scaledown-controller.json"]
+            .as_str()
+            .expect("data"),
+    )
+    .expect("embedded dashboard parses");
+    assert_eq!(embedded, dashboard);
+}
+
+/// replicas > 1: leader election, a PodDisruptionBudget and anti-affinity; replicas = 1: none of
+/// them; no runAsUser unless asked.
+#[test]
+fn replicas_shape_the_deployment() {
+    let two = yaml_objects(&template("r", "ns", &json!({})));
+    let kinds = |o: &[Value]| {
+        o.iter()
+            .filter_map(|o| o["kind"].as_str().map(String::from))
+            .collect::<Vec<_>>()
+    };
+    assert!(kinds(&two).contains(&"PodDisruptionBudget".to_string()));
+    let dep = two
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("Deployment");
+    let pod = &dep["spec"]["template"]["spec"];
+    assert!(pod["affinity"]["podAntiAffinity"].is_object(), "{pod}");
+    assert!(pod["securityContext"].get("runAsUser").is_none());
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert!(deployment_args(&two).contains(&"--leader-elect".to_string()));
+
+    let one = yaml_objects(&template(
+        "r",
+        "ns",
+        &json!({"replicas": 1, "leaderElection": {"enabled": false}}),
+    ));
+    assert!(!kinds(&one).contains(&"PodDisruptionBudget".to_string()));
+    assert!(
+        one.iter().all(|o| !o["metadata"]["name"]
+            .as_str()
+            .unwrap_or("")
+            .ends_with("-leader-election")),
+        "no Lease RBAC without leader election"
+    );
+    let dep = one
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("Deployment");
+    assert!(dep["spec"]["template"]["spec"].get("affinity").is_none());
+    assert!(!deployment_args(&one).contains(&"--leader-elect".to_string()));
+
+    let uid = yaml_objects(&template(
+        "r",
+        "ns",
+        &json!({"podSecurityContext": {"runAsUser": 1000}}),
+    ));
+    let dep = uid
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("Deployment");
+    assert_eq!(
+        dep["spec"]["template"]["spec"]["securityContext"]["runAsUser"],
+        1000
+    );
+}
+
+// === on the cluster ===
+
+/// Minimal CRDs of the Prometheus Operator's ServiceMonitor and PrometheusRule (any content), so
+/// that the chart's optional objects can be checked by the API server.
+async fn ensure_monitoring_crds(cluster: &Cluster) {
+    let crd = |kind: &str, plural: &str| {
+        json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.monitoring.coreos.com")},
+            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                     "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+                     "versions": [{"name": "v1", "served": true, "storage": true,
+                                   "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+        })
+    };
+    let file = scratch_file(
+        "monitoring-crds.json",
+        &json!({"apiVersion": "v1", "kind": "List", "items": [
+            crd("ServiceMonitor", "servicemonitors"), crd("PrometheusRule", "prometheusrules")]})
+        .to_string(),
+    );
+    cluster.kubectl(&["apply", "-f", &file]).await;
+    cluster
+        .kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "crd/servicemonitors.monitoring.coreos.com",
+            "crd/prometheusrules.monitoring.coreos.com",
+            "--timeout=60s",
+        ])
+        .await;
+}
+
+/// Namespace scope, installed for real with `helm install` into a restricted namespace: the pods
+/// are admitted, the chart's ServiceAccount token is enough for the controller binary
+/// (`--localOnly`, the chart's Lease) and is refused elsewhere; every optional object also
+/// passes a server-side dry run; `helm uninstall` removes the release.
+#[tokio::test(flavor = "multi_thread")]
+async fn chart_namespace_scope_installs_and_its_rbac_suffices() {
+    let _serial = CONTROLLER_LOCK.lock().await;
+    let cluster = Cluster::connect().await;
+    let kc = cluster.kubeconfig.clone();
+    let a = cluster.namespace("chart-ns-a").await;
+    let b = cluster.namespace("chart-ns-b").await;
+    let _sweep = SetSweep {
+        kubeconfig: kc.clone(),
+        namespace: a.name.clone(),
+    };
+    cluster
+        .kubectl(&[
+            "label",
+            "namespace",
+            &a.name,
+            "pod-security.kubernetes.io/enforce=restricted",
+        ])
+        .await;
+    ensure_monitoring_crds(&cluster).await;
+    let optional = scratch_file(
+        &format!("chart-optional-{}.yaml", a.name),
+        &template("sd", &a.name, &{
+            let mut v = all_optional();
+            v["scope"] = json!("namespace");
+            v
+        }),
+    );
+    kubectl_ok(
+        &kc,
+        &["apply", "--dry-run=server", "-n", &a.name, "-f", &optional],
+    )
+    .await;
+
+    let release = "sd";
+    let full = "sd-statefulset-scaledown-controller";
+    let out = helm(
+        &kc,
+        &[
+            "install",
+            release,
+            &chart(),
+            "-n",
+            &a.name,
+            "--set",
+            "scope=namespace",
+            "--wait",
+            "--timeout",
+            "90s",
+        ],
+    );
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    wait_deployment_ready_named(&cluster, &a.name, full).await;
+    // The chart's pods were admitted under "restricted"; the test's own StatefulSets (busybox
+    // without a securityContext) would not be.
+    cluster
+        .kubectl(&[
+            "label",
+            "namespace",
+            &a.name,
+            "pod-security.kubernetes.io/enforce-",
+        ])
+        .await;
+
+    let token = token_kubeconfig_for(&cluster, &a.name, full).await;
+    let identity = format!("e2e-{}", a.name);
+    let mut controller = start_controller(
+        &token,
+        &identity,
+        &a.name,
+        &[
+            "--localOnly",
+            "--leader-elect",
+            "--leader-election-id",
+            full,
+        ],
+    );
+    kubectl_ok(&token, &["get", "pods", "-n", &a.name]).await;
+    for resource in ["pods", "statefulsets", "pvc"] {
+        expect_forbidden(&token, &["get", resource, "-n", &b.name]).await;
+        expect_forbidden(&token, &["get", resource, "--all-namespaces"]).await;
+    }
+    let class = a.create_static_pvs("pv", 5, Reclaim::Retain).await.class;
+    tokio::select! {
+        _ = async {
+            tokio::join!(
+                scale_down_and_delete(&a, &class, &identity),
+                failed_cleanup_is_retried(&a, &class, &identity),
+            )
+        } => {}
+        _ = fail_on_refusal(&controller) => {}
+    }
+    controller.assert_alive();
+    assert!(forbidden_lines(&controller).is_empty());
+    assert_lease_held_named(&cluster, &a.name, full, &identity).await;
+    drop(controller);
+    helm(&kc, &["uninstall", release, "-n", &a.name, "--wait"]);
+    let left = cluster
+        .kubectl(&[
+            "get",
+            "deployment,serviceaccount,role,rolebinding",
+            "-n",
+            &a.name,
+            "-o",
+            "name",
+        ])
+        .await;
+    assert!(!left.contains(full), "left after helm uninstall:\n{left}");
+}
+
+/// Cluster scope from `helm template | kubectl apply` (release `sd-chart`, its own namespace):
+/// dry run, apply, pods admitted; the chart's ServiceAccount token is enough for the controller
+/// binary to manage a scale-down in another namespace and hold the chart's Lease.
+#[tokio::test(flavor = "multi_thread")]
+async fn chart_cluster_scope_applies_and_its_rbac_suffices() {
+    let _serial = CONTROLLER_LOCK.lock().await;
+    let cluster = Cluster::connect().await;
+    let kc = cluster.kubeconfig.clone();
+    let home = cluster.namespace("chart-home").await;
+    cluster
+        .kubectl(&[
+            "label",
+            "namespace",
+            &home.name,
+            "pod-security.kubernetes.io/enforce=restricted",
+        ])
+        .await;
+    let release = "sd-chart";
+    let full = "sd-chart-statefulset-scaledown-controller";
+    let rendered = template(release, &home.name, &json!({}));
+    let objects = yaml_objects(&rendered);
+    assert!(objects.iter().any(|o| o["kind"] == "ClusterRole"));
+    let file = scratch_file(&format!("chart-cluster-{}.yaml", home.name), &rendered);
+    let _cleanup = ClusterObjects {
+        kubeconfig: kc.clone(),
+        file: file.clone(),
+    };
+    kubectl_ok(&kc, &["apply", "--dry-run=server", "-f", &file]).await;
+    kubectl_ok(&kc, &["apply", "-f", &file]).await;
+    wait_deployment_ready_named(&cluster, &home.name, full).await;
+
+    let token = token_kubeconfig_for(&cluster, &home.name, full).await;
+    let ns = cluster.namespace("chart-cluster-rbac").await;
+    let _sweep = SetSweep {
+        kubeconfig: kc.clone(),
+        namespace: ns.name.clone(),
+    };
+    let identity = format!("e2e-{}", ns.name);
+    let mut controller = start_controller(
+        &token,
+        &identity,
+        &home.name,
+        &["--leader-elect", "--leader-election-id", full],
+    );
+    let class = ns.create_static_pvs("pv", 5, Reclaim::Retain).await.class;
+    tokio::select! {
+        _ = scale_down_and_delete(&ns, &class, &identity) => {}
+        _ = fail_on_refusal(&controller) => {}
+    }
+    controller.assert_alive();
+    assert!(forbidden_lines(&controller).is_empty());
+    assert_lease_held_named(&cluster, &home.name, full, &identity).await;
+}
+
+/// Deletes the cluster-scoped objects of a rendered file when dropped.
+struct ClusterObjects {
+    kubeconfig: PathBuf,
+    file: String,
+}
+
+impl Drop for ClusterObjects {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(support::kubectl_binary())
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args([
+                "delete",
+                "-f",
+                &self.file,
+                "--ignore-not-found",
+                "--wait=false",
+            ])
+            .output();
+    }
+}
