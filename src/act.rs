@@ -626,12 +626,4 @@ pub fn describe(step: &Step) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn truncate_keeps_char_boundaries() {
-        assert_eq!(truncate("héllo".into(), 2), "h");
-        assert_eq!(truncate("abc".into(), 10), "abc");
-    }
-}
+mod tests;

@@ -33,3 +33,6 @@ pub mod reason;
 pub mod reconcile;
 pub mod template;
 pub mod watch;
+
+#[cfg(test)]
+mod mock_api;

@@ -508,17 +508,4 @@ fn error_backoff(failures: u32, category: Category) -> Duration {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn error_backoff_doubles_and_transport_errors_retry_soon() {
-        let secs = |n, c| error_backoff(n, c).as_secs();
-        let forbidden: Vec<u64> = (1..=10).map(|n| secs(n, Category::Forbidden)).collect();
-        assert_eq!(forbidden, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300]);
-        let transport: Vec<u64> = (1..=5).map(|n| secs(n, Category::Transport)).collect();
-        assert_eq!(transport, [1, 2, 4, 5, 5]);
-        assert_eq!(secs(u32::MAX, Category::Transport), 5);
-        assert_eq!(secs(u32::MAX, Category::ServerError), 300);
-    }
-}
+mod tests;

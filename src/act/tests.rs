@@ -1,0 +1,438 @@
+//! The requests `act` sends, and what it makes of the answers, against a scripted API server
+//! (`crate::mock_api`): idempotence (409 on create, 404/409 on delete are done), UID preconditions,
+//! refusals as Warning Events rather than errors, and the record's compare-and-swap.
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::error::Category;
+use crate::mock_api::{self, Answer, Log, Sent};
+
+const NS_PODS: &str = "/api/v1/namespaces/ns/pods";
+const NS_CLAIMS: &str = "/api/v1/namespaces/ns/persistentvolumeclaims";
+const SET_PATH: &str = "/apis/apps/v1/namespaces/ns/statefulsets/web";
+
+fn web(record: Option<&str>) -> SetFacts {
+    let mut annotations = json!({naming::TEMPLATE_ANNOTATION: "{}"});
+    if let Some(r) = record {
+        annotations[naming::RECORD_ANNOTATION] = json!(r);
+    }
+    let set: StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "ns", "uid": "uid-web", "generation": 4,
+                     "resourceVersion": "7", "annotations": annotations},
+        "spec": {"replicas": 1, "selector": {}, "template": {},
+                 "volumeClaimTemplates": [{"metadata": {"name": "data"}}]}
+    }))
+    .expect("statefulset");
+    crate::observe::set_facts(&set)
+}
+
+fn actor(client: kube::Client, leadership: Leadership) -> (Actor, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::default());
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: None,
+    };
+    let actor = Actor::new(
+        client,
+        reporter,
+        false,
+        metrics.clone(),
+        Arc::new(leadership),
+    );
+    (actor, metrics)
+}
+
+/// Runs `steps` on set `web` against a server answering with `answer`.
+async fn run<F>(steps: Vec<Step>, answer: F) -> (Result<()>, Done, Log)
+where
+    F: Fn(&Sent) -> Answer + Send + Sync + 'static,
+{
+    let (client, log) = mock_api::serve(answer);
+    let (actor, _) = actor(client, Leadership::always());
+    let mut done = Done::default();
+    let plan = Plan {
+        steps,
+        ..Plan::default()
+    };
+    let result = actor.execute(&web(None), &plan, &mut done).await;
+    (result, done, log)
+}
+
+fn cleanup_pod() -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "web-1", "namespace": "ns"},
+           "spec": {"containers": [{"name": "main", "image": "busybox"}]}})
+}
+
+fn create_step() -> Step {
+    Step::CreateCleanupPod {
+        ordinal: 1,
+        attempt: 1,
+        pod: cleanup_pod(),
+        claims: [("data-web-1".to_string(), "uid-claim".to_string())].into(),
+    }
+}
+
+fn category(result: &Result<()>) -> Option<Category> {
+    result.as_ref().err().map(Error::category)
+}
+
+fn warnings(log: &Log) -> Vec<String> {
+    log.events()
+        .into_iter()
+        .filter(|(kind, _, _)| kind == "Warning")
+        .map(|(_, reason, note)| format!("{reason}: {note}"))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_create_is_sent_once_as_planned_and_409_means_done() {
+    let (result, done, log) = run(vec![create_step()], |_| {
+        let mut pod = cleanup_pod();
+        pod["metadata"]["uid"] = json!("uid-new");
+        (201, pod)
+    })
+    .await;
+    assert!(result.is_ok());
+    let sent = log.writes_and_reads();
+    assert_eq!(log.lines(), [format!("POST {NS_PODS}")]);
+    assert_eq!(sent[0].body, cleanup_pod(), "the template's pod, unchanged");
+    assert!(
+        sent[0]
+            .query
+            .contains("fieldManager=statefulset-scaledown-controller")
+    );
+    assert_eq!(done.created.len(), 1);
+    assert_eq!(done.created[0].uid, "uid-new");
+    assert_eq!(done.created[0].claims["data-web-1"], "uid-claim");
+
+    let (result, done, log) = run(vec![create_step()], |_| {
+        mock_api::status(409, "AlreadyExists", "pods \"web-1\" already exists")
+    })
+    .await;
+    assert!(result.is_ok(), "409 on create is done, not an error");
+    assert!(done.created.is_empty() && done.refused.is_empty());
+    assert_eq!(log.lines().len(), 1, "no retry");
+    assert!(warnings(&log).is_empty());
+}
+
+#[tokio::test]
+async fn refused_creations_are_warnings_not_errors() {
+    let table = [
+        (400, "BadRequest"),
+        (403, "Forbidden"),
+        (413, "RequestEntityTooLarge"),
+        (422, "Invalid"),
+        (500, "InternalError"),
+    ];
+    for (code, reason) in table {
+        let (result, done, log) = run(vec![create_step()], move |_| {
+            mock_api::status(code, reason, "refused by the test")
+        })
+        .await;
+        assert!(result.is_ok(), "{code}: a refusal is not a reconcile error");
+        assert_eq!(
+            done.refused,
+            [Refusal {
+                ordinal: 1,
+                code,
+                message: "refused by the test".into()
+            }],
+            "{code}"
+        );
+        let warnings = warnings(&log);
+        assert_eq!(warnings.len(), 1, "{code}: {warnings:?}");
+        assert!(
+            warnings[0].starts_with("CleanupPodRejected: ")
+                && warnings[0].contains(&format!("({code})"))
+                && warnings[0].contains("refused by the test"),
+            "{warnings:?}"
+        );
+        assert_eq!(log.lines().len(), 1, "{code}: no retry within the pass");
+    }
+}
+
+#[tokio::test]
+async fn transient_create_failures_are_errors_for_the_backoff() {
+    for (code, reason, want) in [
+        (503, "ServiceUnavailable", Category::ServerError),
+        (429, "TooManyRequests", Category::Throttled),
+    ] {
+        let (result, done, log) = run(vec![create_step()], move |_| {
+            mock_api::status(code, reason, "later")
+        })
+        .await;
+        assert_eq!(category(&result), Some(want), "{code}");
+        assert!(done.refused.is_empty() && done.created.is_empty());
+        assert!(
+            warnings(&log).is_empty(),
+            "{code}: not reported as a refusal"
+        );
+    }
+}
+
+fn deletes() -> Vec<(Step, String)> {
+    vec![
+        (
+            Step::DeleteClaim {
+                name: "data-web-1".into(),
+                uid: "uid-claim".into(),
+            },
+            format!("DELETE {NS_CLAIMS}/data-web-1"),
+        ),
+        (
+            Step::DeleteCleanupPod {
+                name: "web-1".into(),
+                uid: "uid-claim".into(),
+                why: PodDeletion::Completed,
+                ran_for: None,
+            },
+            format!("DELETE {NS_PODS}/web-1"),
+        ),
+        (
+            Step::DeleteStatefulPod {
+                name: "web-1".into(),
+                uid: "uid-claim".into(),
+            },
+            format!("DELETE {NS_PODS}/web-1"),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn deletes_carry_the_uid_and_404_or_409_mean_done() {
+    for (step, line) in deletes() {
+        let (result, _, log) = run(vec![step.clone()], |_| mock_api::deleted()).await;
+        assert!(result.is_ok(), "{line}");
+        let sent = log.writes_and_reads();
+        assert_eq!(log.lines(), std::slice::from_ref(&line));
+        assert_eq!(
+            sent[0].body["preconditions"]["uid"], "uid-claim",
+            "{line}: UID precondition"
+        );
+        let reasons: Vec<String> = log.events().into_iter().map(|e| e.1).collect();
+        assert_eq!(reasons, ["SuccessfulDelete"], "{line}");
+
+        for (code, reason) in [(404, "NotFound"), (409, "Conflict")] {
+            let (result, _, log) = run(vec![step.clone()], move |_| {
+                mock_api::status(code, reason, "x")
+            })
+            .await;
+            assert!(result.is_ok(), "{line} answered {code} is done");
+            assert!(log.events().is_empty(), "{line} {code}: nothing to report");
+        }
+        let (result, _, _) = run(vec![step.clone()], |_| {
+            mock_api::status(500, "InternalError", "x")
+        })
+        .await;
+        assert_eq!(category(&result), Some(Category::ServerError), "{line}");
+    }
+}
+
+#[tokio::test]
+async fn a_failed_step_stops_the_plan() {
+    let steps = vec![
+        Step::DeleteClaim {
+            name: "data-web-1".into(),
+            uid: "uid-a".into(),
+        },
+        Step::DeleteClaim {
+            name: "data-web-2".into(),
+            uid: "uid-b".into(),
+        },
+    ];
+    let (result, _, log) = run(steps, |_| mock_api::status(503, "x", "x")).await;
+    assert!(result.is_err());
+    assert_eq!(log.lines(), [format!("DELETE {NS_CLAIMS}/data-web-1")]);
+}
+
+#[tokio::test]
+async fn a_process_that_may_not_write_sends_nothing() {
+    let (client, log) = mock_api::serve(|_| mock_api::deleted());
+    let (actor, _) = actor(client, Leadership::elected());
+    let plan = Plan {
+        steps: deletes().into_iter().map(|(s, _)| s).collect(),
+        ..Plan::default()
+    };
+    let result = actor.execute(&web(None), &plan, &mut Done::default()).await;
+    assert_eq!(category(&result), Some(Category::NotLeader));
+    let settled = actor.settle(&web(None), &BTreeMap::new(), &[]).await;
+    assert_eq!(category(&settled), Some(Category::NotLeader));
+    assert!(log.all().is_empty(), "{:?}", log.lines());
+}
+
+#[tokio::test]
+async fn the_finalizer_patch_is_guarded_by_the_resource_version() {
+    let step = Step::SetFinalizers {
+        finalizers: vec![naming::FINALIZER.into()],
+        resource_version: "7".into(),
+        adding: true,
+    };
+    let (result, _, log) = run(vec![step.clone()], |_| (200, json!({}))).await;
+    assert!(result.is_ok());
+    let sent = log.writes_and_reads();
+    assert_eq!(log.lines(), [format!("PATCH {SET_PATH}")]);
+    assert_eq!(sent[0].body["metadata"]["resourceVersion"], "7");
+    assert_eq!(sent[0].body["metadata"]["finalizers"][0], naming::FINALIZER);
+
+    let (result, _, _) = run(vec![step], |_| mock_api::status(409, "Conflict", "x")).await;
+    assert!(
+        result.is_ok(),
+        "a stale cache is not an error; the watch brings the next pass"
+    );
+}
+
+fn created(ordinal: u32, uid: &str) -> Created {
+    Created {
+        ordinal,
+        name: format!("web-{ordinal}"),
+        uid: uid.into(),
+        attempt: 1,
+        claims: [(format!("data-web-{ordinal}"), format!("uid-data-{ordinal}"))].into(),
+    }
+}
+
+fn records(ordinal: u32, uid: &str) -> BTreeMap<u32, Record> {
+    let pod = created(ordinal, uid);
+    [(
+        ordinal,
+        Record {
+            pod: pod.uid,
+            claims: pod.claims,
+        },
+    )]
+    .into()
+}
+
+/// Settles the pod `web-1` (uid `uid-new`) with `verdict` on set `web` with `old_record`.
+async fn settle<F>(old_record: Option<&str>, verdict: Verdict, answer: F) -> (Result<()>, Log)
+where
+    F: Fn(&Sent) -> Answer + Send + Sync + 'static,
+{
+    let (client, log) = mock_api::serve(answer);
+    let (actor, _) = actor(client, Leadership::always());
+    let verdicts = [(created(1, "uid-new"), verdict)];
+    let result = actor
+        .settle(&web(old_record), &records(1, "uid-new"), &verdicts)
+        .await;
+    (result, log)
+}
+
+#[tokio::test]
+async fn a_confirmed_pod_is_recorded_with_test_ops_then_released_by_uid() {
+    let old = format_records(&records(0, "uid-old"));
+    let (result, log) = settle(Some(&old), Verdict::Run, |_| (200, json!({}))).await;
+    assert!(result.is_ok());
+    assert_eq!(
+        log.lines(),
+        [
+            format!("PATCH {SET_PATH}"),
+            format!("PATCH {NS_PODS}/web-1")
+        ]
+    );
+    let sent = log.writes_and_reads();
+    assert_eq!(sent[0].content_type, "application/json-patch+json");
+    let path = format!(
+        "/metadata/annotations/{}",
+        naming::RECORD_ANNOTATION.replace('/', "~1")
+    );
+    assert_eq!(
+        sent[0].body,
+        json!([
+            {"op": "test", "path": "/metadata/uid", "value": "uid-web"},
+            {"op": "test", "path": "/metadata/generation", "value": 4},
+            {"op": "test", "path": path, "value": old},
+            {"op": "add", "path": path, "value": format_records(&records(1, "uid-new"))},
+        ])
+    );
+    assert_eq!(
+        sent[1].content_type,
+        "application/strategic-merge-patch+json"
+    );
+    assert_eq!(sent[1].body["metadata"]["uid"], "uid-new");
+    assert_eq!(
+        sent[1].body["spec"]["schedulingGates"],
+        json!([{"$patch": "delete", "name": naming::CONFIRM_GATE}])
+    );
+    let reasons: Vec<String> = log.events().into_iter().map(|e| e.1).collect();
+    assert_eq!(reasons, ["SuccessfulCreate"]);
+}
+
+#[tokio::test]
+async fn a_record_that_loses_the_race_is_contended_and_releases_nothing() {
+    for (code, reason) in [(409, "Conflict"), (422, "Invalid"), (404, "NotFound")] {
+        let (result, log) = settle(None, Verdict::Run, move |_| {
+            mock_api::status(code, reason, "the test op failed")
+        })
+        .await;
+        assert_eq!(category(&result), Some(Category::Contended), "{code}");
+        assert_eq!(
+            log.lines(),
+            [format!("PATCH {SET_PATH}")],
+            "{code}: no release"
+        );
+        assert!(log.events().is_empty(), "{code}");
+    }
+    let (result, log) = settle(None, Verdict::Run, |_| mock_api::status(403, "x", "x")).await;
+    assert_eq!(category(&result), Some(Category::Forbidden));
+    assert_eq!(log.lines().len(), 1, "no release after a failed record");
+}
+
+#[tokio::test]
+async fn the_record_has_no_test_of_a_record_that_was_not_there() {
+    let (_, log) = settle(None, Verdict::Run, |_| (200, json!({}))).await;
+    let ops = log.writes_and_reads()[0].body.clone();
+    let tests: Vec<&Value> = ops
+        .as_array()
+        .expect("a JSON patch")
+        .iter()
+        .filter(|op| op["op"] == "test")
+        .map(|op| &op["path"])
+        .collect();
+    assert_eq!(
+        tests,
+        [&json!("/metadata/uid"), &json!("/metadata/generation")]
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_pod_is_deleted_by_uid_and_never_recorded() {
+    let verdict = Verdict::Cancel("ordinal 1 is wanted again".into());
+    let (result, log) = settle(None, verdict, |_| mock_api::deleted()).await;
+    assert!(result.is_ok());
+    assert_eq!(log.lines(), [format!("DELETE {NS_PODS}/web-1")]);
+    assert_eq!(
+        log.writes_and_reads()[0].body["preconditions"]["uid"],
+        "uid-new"
+    );
+    let events = log.events();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].1, "CleanupCancelled");
+    assert!(
+        events[0].2.contains("ordinal 1 is wanted again"),
+        "{events:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_release_of_a_pod_gone_or_replaced_is_done() {
+    let step = Step::Release {
+        name: "web-1".into(),
+        uid: "uid-new".into(),
+    };
+    for (code, reason) in [(404, "NotFound"), (409, "Conflict")] {
+        let (result, _, log) = run(vec![step.clone()], move |_| {
+            mock_api::status(code, reason, "x")
+        })
+        .await;
+        assert!(result.is_ok(), "{code}");
+        assert_eq!(log.writes_and_reads()[0].body["metadata"]["uid"], "uid-new");
+    }
+}
+
+#[test]
+fn truncate_keeps_char_boundaries() {
+    assert_eq!(truncate("héllo".into(), 2), "h");
+    assert_eq!(truncate("abc".into(), 10), "abc");
+}

@@ -1,0 +1,287 @@
+//! One pass over one StatefulSet against a scripted API server (`crate::mock_api`): the caches are
+//! filled by hand, and the test checks the order of the requests: no claim is deleted and no
+//! cleanup pod is let run without a live read of the set made before the write.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector;
+use kube::runtime::watcher::Event;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::index::{Index, Keys};
+use crate::leader::Leadership;
+use crate::mock_api::{self, Answer, Log, Sent};
+use crate::observe::format_records;
+
+const SET_PATH: &str = "/apis/apps/v1/namespaces/ns/statefulsets/web";
+const CLAIMS: &str = "/api/v1/namespaces/ns/persistentvolumeclaims";
+const PODS: &str = "/api/v1/namespaces/ns/pods";
+
+const TEMPLATE: &str = r#"{"spec":{"containers":[{"name":"main","image":"busybox",
+  "volumeMounts":[{"name":"data","mountPath":"/d"}]}]}}"#;
+
+/// Set `web` in `ns` with `replicas`, opted in, finalizer on, claim template `data`, and a record
+/// of cleanup pod `uid-cleanup` for ordinal 1 when `recorded`.
+fn web(replicas: i32, recorded: bool) -> Value {
+    let mut annotations = json!({naming::TEMPLATE_ANNOTATION: TEMPLATE});
+    if recorded {
+        let record = Record {
+            pod: "uid-cleanup".into(),
+            claims: [("data-web-1".to_string(), "uid-data-1".to_string())].into(),
+        };
+        annotations[naming::RECORD_ANNOTATION] = json!(format_records(&[(1, record)].into()));
+    }
+    json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "web", "namespace": "ns", "uid": "uid-web", "generation": 3,
+                     "resourceVersion": "7", "finalizers": [naming::FINALIZER],
+                     "annotations": annotations},
+        "spec": {"replicas": replicas, "serviceName": "web",
+                 "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}}},
+                 "volumeClaimTemplates": [{"metadata": {"name": "data"}}]}
+    })
+}
+
+fn object<K: serde::de::DeserializeOwned>(value: Value) -> K {
+    serde_json::from_value(value).expect("a valid object")
+}
+
+fn claim(ordinal: u32) -> kube::core::PartialObjectMeta<PersistentVolumeClaim> {
+    object(
+        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {
+        "name": format!("data-web-{ordinal}"), "namespace": "ns",
+        "uid": format!("uid-data-{ordinal}")}}),
+    )
+}
+
+/// The stateful pod of ordinal 0, mounting its claim.
+fn stateful_pod() -> Pod {
+    object(
+        json!({"metadata": {"name": "web-0", "namespace": "ns", "uid": "uid-pod-0",
+        "labels": {"app": "web"},
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web",
+                             "uid": "uid-web", "controller": true}]},
+        "spec": {"containers": [], "volumes": [
+            {"name": "data", "persistentVolumeClaim": {"claimName": "data-web-0"}}]}}),
+    )
+}
+
+/// A Succeeded pod `web-1` that looks like a cleanup pod (label, owner annotation, claims), with
+/// `uid`: ours when the set's record names it, forged otherwise.
+fn succeeded_cleanup(uid: &str) -> Pod {
+    object(
+        json!({"metadata": {"name": "web-1", "namespace": "ns", "uid": uid,
+        "labels": {naming::CLEANUP_LABEL: "web-1"},
+        "annotations": {naming::OWNER_ANNOTATION: "web"}},
+        "spec": {"containers": [], "nodeName": "node", "volumes": [
+            {"name": "data", "persistentVolumeClaim": {"claimName": "data-web-1"}}]},
+        "status": {"phase": "Succeeded"}}),
+    )
+}
+
+fn index<K: kube::Resource + Keys + Clone>(objects: Vec<K>) -> Index<K> {
+    let index = Index::default();
+    index.apply(&Event::Init);
+    for o in objects {
+        index.apply(&Event::InitApply(o));
+    }
+    index.apply(&Event::InitDone);
+    index
+}
+
+/// A context over caches holding `set`, claims of ordinals 0 and 1, and `pods`, talking to a
+/// server that answers with `answer`.
+fn context<F>(set: &StatefulSet, pods: Vec<Pod>, answer: F) -> (Context, Log)
+where
+    F: Fn(&Sent) -> Answer + Send + Sync + 'static,
+{
+    let (client, log) = mock_api::serve(answer);
+    let (sets, mut writer) = reflector::store::<StatefulSet>();
+    writer.apply_watcher_event(&Event::Init);
+    writer.apply_watcher_event(&Event::InitApply(set.clone()));
+    writer.apply_watcher_event(&Event::InitDone);
+    let cleanup: Vec<Pod> = pods
+        .iter()
+        .filter(|p| p.labels().contains_key(naming::CLEANUP_LABEL))
+        .cloned()
+        .collect();
+    let stores = Stores {
+        sets,
+        claims: index(vec![claim(0), claim(1)]),
+        pods: index(pods),
+        cleanup_pods: index(cleanup),
+    };
+    let metrics = Arc::new(Metrics::default());
+    let leadership = Arc::new(Leadership::always());
+    let reporter = Reporter {
+        controller: "test".into(),
+        instance: None,
+    };
+    let actor = Actor::new(
+        client.clone(),
+        reporter,
+        false,
+        metrics.clone(),
+        leadership.clone(),
+    );
+    let ctx = Context::new(
+        client,
+        stores,
+        Policy::default(),
+        actor,
+        metrics,
+        leadership,
+        Duration::from_secs(300),
+    );
+    (ctx, log)
+}
+
+/// Answers reads of the set with `live` (404 when `None`) and every write with success; a
+/// created pod gets UID `uid-new`.
+fn server(live: Option<Value>) -> impl Fn(&Sent) -> Answer + Send + Sync + 'static {
+    move |sent| match (sent.method.as_str(), sent.path.as_str()) {
+        ("GET", SET_PATH) => match &live {
+            Some(set) => (200, set.clone()),
+            None => mock_api::status(404, "NotFound", "statefulsets \"web\" not found"),
+        },
+        ("POST", PODS) => {
+            let mut pod = sent.body.clone();
+            pod["metadata"]["uid"] = json!("uid-new");
+            (201, pod)
+        }
+        ("DELETE", _) => mock_api::deleted(),
+        _ => (200, json!({})),
+    }
+}
+
+async fn pass(set: Value, pods: Vec<Pod>, live: Option<Value>) -> (Result<Action>, Log) {
+    let set: StatefulSet = object(set);
+    let (ctx, log) = context(&set, pods, server(live));
+    (ctx.pass(&set).await, log)
+}
+
+fn claim_deletes(log: &Log) -> Vec<Sent> {
+    log.writes_and_reads()
+        .into_iter()
+        .filter(|s| s.method == "DELETE" && s.path.starts_with(CLAIMS))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_claim_is_deleted_only_after_a_live_read_still_shows_it_orphaned() {
+    let pods = vec![stateful_pod(), succeeded_cleanup("uid-cleanup")];
+    let (result, log) = pass(web(1, true), pods, Some(web(1, true))).await;
+    assert!(result.is_ok(), "{result:?}");
+    let lines = log.lines();
+    assert_eq!(
+        lines[0],
+        format!("GET {SET_PATH}"),
+        "the live read comes first: {lines:?}"
+    );
+    let deletes = claim_deletes(&log);
+    assert_eq!(deletes.len(), 1, "{lines:?}");
+    assert_eq!(deletes[0].path, format!("{CLAIMS}/data-web-1"));
+    assert_eq!(deletes[0].body["preconditions"]["uid"], "uid-data-1");
+    let pod_delete = format!("DELETE {PODS}/web-1");
+    assert!(lines.contains(&pod_delete), "{lines:?}");
+}
+
+#[tokio::test]
+async fn a_scale_up_seen_by_the_live_read_keeps_the_claim() {
+    let pods = vec![stateful_pod(), succeeded_cleanup("uid-cleanup")];
+    let (result, log) = pass(web(1, true), pods, Some(web(2, true))).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(log.lines()[0], format!("GET {SET_PATH}"));
+    assert!(claim_deletes(&log).is_empty(), "{:?}", log.lines());
+}
+
+#[tokio::test]
+async fn a_set_gone_or_replaced_on_the_live_read_gets_no_writes() {
+    let pods = || vec![stateful_pod(), succeeded_cleanup("uid-cleanup")];
+    let mut replaced = web(1, true);
+    replaced["metadata"]["uid"] = json!("uid-web-2");
+    for live in [None, Some(replaced)] {
+        let (result, log) = pass(web(1, true), pods(), live).await;
+        assert!(result.is_ok(), "{result:?}");
+        assert_eq!(log.lines(), [format!("GET {SET_PATH}")]);
+    }
+}
+
+#[tokio::test]
+async fn a_forged_succeeded_pod_deletes_nothing_and_is_reported() {
+    let pods = vec![stateful_pod(), succeeded_cleanup("uid-forged")];
+    let (result, log) = pass(web(1, false), pods, Some(web(1, false))).await;
+    assert!(result.is_ok(), "{result:?}");
+    let lines = log.lines();
+    assert!(claim_deletes(&log).is_empty(), "{lines:?}");
+    assert!(
+        !lines.iter().any(|l| l.starts_with("DELETE")),
+        "the look-alike is not ours to delete either: {lines:?}"
+    );
+    let reasons: Vec<String> = log.events().into_iter().map(|e| e.1).collect();
+    assert!(
+        reasons.iter().any(|r| r == "UnprovenCleanupPod"),
+        "{reasons:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_new_cleanup_pod_runs_only_when_a_read_after_its_create_shows_it_orphaned() {
+    let (result, log) = pass(web(1, false), vec![stateful_pod()], Some(web(1, false))).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(
+        log.lines(),
+        [
+            format!("POST {PODS}"),
+            format!("GET {SET_PATH}"),
+            format!("PATCH {SET_PATH}"),
+            format!("PATCH {PODS}/web-1"),
+        ]
+    );
+    let created = &log.writes_and_reads()[0].body;
+    let gates = &created["spec"]["schedulingGates"];
+    assert_eq!(
+        gates,
+        &json!([{"name": naming::CONFIRM_GATE}]),
+        "created gated"
+    );
+
+    // Scaled up between the create and the read: the pod is deleted by UID, never released.
+    let (result, log) = pass(web(1, false), vec![stateful_pod()], Some(web(2, false))).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(
+        log.lines(),
+        [
+            format!("POST {PODS}"),
+            format!("GET {SET_PATH}"),
+            format!("DELETE {PODS}/web-1"),
+        ]
+    );
+    assert_eq!(
+        log.writes_and_reads()[2].body["preconditions"]["uid"],
+        "uid-new"
+    );
+}
+
+#[tokio::test]
+async fn a_created_pod_is_not_created_again_before_the_cache_shows_it() {
+    let set: StatefulSet = object(web(1, false));
+    let (ctx, log) = context(&set, vec![stateful_pod()], server(Some(web(1, false))));
+    ctx.pass(&set).await.expect("first pass");
+    ctx.pass(&set).await.expect("second pass");
+    let creates = log.lines().iter().filter(|l| l.starts_with("POST")).count();
+    assert_eq!(creates, 1, "{:?}", log.lines());
+}
+
+#[test]
+fn error_backoff_doubles_and_transport_errors_retry_soon() {
+    let secs = |n, c| error_backoff(n, c).as_secs();
+    let forbidden: Vec<u64> = (1..=10).map(|n| secs(n, Category::Forbidden)).collect();
+    assert_eq!(forbidden, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300]);
+    let transport: Vec<u64> = (1..=5).map(|n| secs(n, Category::Transport)).collect();
+    assert_eq!(transport, [1, 2, 4, 5, 5]);
+    assert_eq!(secs(u32::MAX, Category::Transport), 5);
+    assert_eq!(secs(u32::MAX, Category::ServerError), 300);
+}
