@@ -9,7 +9,7 @@ FUZZ_CASES ?= 1000000
 # The image, named in one place; artifacts/*.yaml use the same (a test checks it).
 IMAGE ?= ghcr.io/statefulset-scaledown/statefulset-scaledown-controller:0.1.0
 
-.PHONY: test fmt-check clippy unit fuzz props e2e e2e-faults chaos chaos-ci bench bench-report control-plane cluster-up cluster-down demo build image image-push docker-image manifests deny audit
+.PHONY: test fmt-check clippy unit fuzz props e2e e2e-faults chaos chaos-ci bench bench-report control-plane cluster-up cluster-down demo build plugin image image-push docker-image manifests deny audit
 
 ## test: formatting, lints, unit tests, e2e tests, the fault tests and a short seeded chaos run on the
 ## local control plane
@@ -90,6 +90,11 @@ bench-report:
 
 build:
 	$(CARGO) build --locked --release
+
+## plugin: the kubectl plugin, target/release/kubectl-scaledown (put it on PATH: `kubectl scaledown`)
+plugin:
+	$(CARGO) build --locked --release --bin kubectl-scaledown
+	@echo "plugin: $(CURDIR)/target/release/kubectl-scaledown"
 
 ## deny: licenses, bans and sources of the dependency tree (cargo-deny, deny.toml; offline)
 deny:

@@ -28,6 +28,7 @@ pub mod leader;
 pub mod metrics;
 pub mod naming;
 pub mod observe;
+pub mod plugin;
 pub mod process;
 pub mod reason;
 pub mod reconcile;

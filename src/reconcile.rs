@@ -304,8 +304,14 @@ impl Context {
                 SetRead::LiveSet,
             ),
             Confirm::SetAndNamespace => {
-                let (claims, pods, cleanup) = self.list_namespace(&live).await?;
-                (claims, pods, cleanup, SetRead::LiveAll)
+                let ns = live.namespace().unwrap_or_default();
+                let listed = list_namespace(&self.client, &ns).await?;
+                (
+                    listed.claims,
+                    listed.pods,
+                    listed.cleanup_pods,
+                    SetRead::LiveAll,
+                )
             }
         };
         Ok(Some(observe::observe(
@@ -321,38 +327,6 @@ impl Context {
                 now: Timestamp::now(),
             },
         )))
-    }
-
-    #[allow(clippy::type_complexity)]
-    async fn list_namespace(
-        &self,
-        set: &StatefulSet,
-    ) -> Result<(
-        Vec<Arc<kube::core::PartialObjectMeta<PersistentVolumeClaim>>>,
-        Vec<Arc<Pod>>,
-        Vec<Arc<Pod>>,
-    )> {
-        let ns = set.namespace().unwrap_or_default();
-        let all = ListParams::default();
-        let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &ns);
-        let claims = claims_api
-            .list_metadata(&all)
-            .await
-            .map_err(Error::kube("list claims", &ns))?
-            .items;
-        let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
-        let mut pods = pods_api
-            .list(&all)
-            .await
-            .map_err(Error::kube("list pods", &ns))?
-            .items;
-        let cleanup: Vec<Pod> = pods
-            .iter()
-            .filter(|p| p.labels().contains_key(naming::CLEANUP_LABEL))
-            .cloned()
-            .collect();
-        pods.iter_mut().for_each(watch::prune_pod);
-        Ok((arcs(claims), arcs(pods), arcs(cleanup)))
     }
 
     /// The refusals remembered for `set`, forgotten when its template annotation changed.
@@ -469,6 +443,44 @@ impl Context {
         };
         entry.failures
     }
+}
+
+/// The claims, pods and cleanup pods of a namespace, read from the API server just now.
+pub struct Listed {
+    pub claims: Vec<Arc<kube::core::PartialObjectMeta<PersistentVolumeClaim>>>,
+    /// Pruned as the pod cache is (`watch::prune_pod`).
+    pub pods: Vec<Arc<Pod>>,
+    /// Whole, as the cleanup-pod cache keeps them.
+    pub cleanup_pods: Vec<Arc<Pod>>,
+}
+
+/// Lists the claims (metadata) and pods of `ns`: what a live observation of a set needs besides
+/// the set itself. Used before the finalizer is released, and by `kubectl scaledown status`.
+pub async fn list_namespace(client: &Client, ns: &str) -> Result<Listed> {
+    let all = ListParams::default();
+    let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let claims = claims_api
+        .list_metadata(&all)
+        .await
+        .map_err(Error::kube("list claims", ns))?
+        .items;
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut pods = pods_api
+        .list(&all)
+        .await
+        .map_err(Error::kube("list pods", ns))?
+        .items;
+    let cleanup: Vec<Pod> = pods
+        .iter()
+        .filter(|p| p.labels().contains_key(naming::CLEANUP_LABEL))
+        .cloned()
+        .collect();
+    pods.iter_mut().for_each(watch::prune_pod);
+    Ok(Listed {
+        claims: arcs(claims),
+        pods: arcs(pods),
+        cleanup_pods: arcs(cleanup),
+    })
 }
 
 /// The reconciler handed to kube's Controller.
