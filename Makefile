@@ -38,9 +38,11 @@ props:
 E2E_TESTS := $(patsubst tests/%.rs,--test %,$(filter-out tests/e2e_faults.rs,$(sort $(wildcard tests/e2e_*.rs))))
 
 ## e2e: starts the local control plane if none runs, runs tests/e2e_*.rs (but e2e_faults), stops
-## what it started (builds the image first: tests/e2e_image.rs runs it)
+## what it started (builds the image first: tests/e2e_image.rs runs it; and the previous version
+## for tests/e2e_upgrade.rs)
 e2e: image
 	$(CARGO) build --locked --bins --tests
+	hack/build-previous.sh >/dev/null
 	hack/with-cluster.sh $(CARGO) test --locked $(E2E_TESTS) -- --test-threads=$(E2E_THREADS)
 
 ## e2e-faults: tests/e2e_faults.rs (API server restarts, SIGTERM in every state, leader churn), one
