@@ -32,7 +32,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::act::Actor;
 use crate::cli::{Args, LogFormat};
 use crate::error::{Error, Result};
 use crate::http::{self, Probe};
@@ -40,8 +39,9 @@ use crate::index::{Index, Keys};
 use crate::leader::{self, Leadership};
 use crate::metrics::Metrics;
 use crate::naming;
-use crate::reconcile::{Context, error_policy, reconcile};
-use crate::watch::{self, Stores, WatchBackoff};
+use crate::scaledown::act::Actor;
+use crate::scaledown::reconcile::{Context, error_policy, reconcile};
+use crate::scaledown::watch::{self, Stores, WatchBackoff};
 
 /// Name the controller reports Events and writes under.
 pub const CONTROLLER_NAME: &str = "statefulset-scaledown-controller";

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-use crate::decide::Policy;
 use crate::error::Error;
+use crate::scaledown::decide::Policy;
 
 /// File where Kubernetes mounts the namespace of a pod's ServiceAccount.
 const SERVICEACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";

@@ -16,8 +16,8 @@ use tracing::info;
 
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::observe;
-use crate::watch::Stores;
+use crate::scaledown::observe;
+use crate::scaledown::watch::Stores;
 
 /// What the endpoints read.
 #[derive(Clone)]

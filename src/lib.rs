@@ -1,39 +1,28 @@
-//! StatefulSet scale-down controller.
+//! StatefulSet scale-down controller, and its companions for the rest of a claim's life.
 //!
 //! When a StatefulSet that opted in (annotation `statefulsets.kubernetes.io/scaledown-pod-template`)
-//! scales down, the claims of the removed ordinals stay behind. This controller runs the user's
-//! cleanup pod on them and, once it succeeded, deletes the pod and the claims.
+//! scales down, the claims of the removed ordinals stay behind. The controller in `scaledown` runs
+//! the user's cleanup pod on them and, once it succeeded, deletes the pod and the claims.
 //!
-//! Data flows one way, and so do the modules:
-//!
-//! ```text
-//! apiserver ──watch──▶ caches: StatefulSets · claims (metadata) · pods (metadata) · cleanup pods
-//!                         │ a change to any of them → the StatefulSet it concerns    (watch)
-//!                         ▼
-//! reconcile(set) ─▶ observe(set, caches) → Observed   plain facts, no IO             (observe)
-//!                ─▶ decide(&Observed) → Plan          pure, deterministic            (decide)
-//!                ─▶ confirm dangerous steps on a live read, decide again             (reconcile)
-//!                ─▶ act(Plan)                         the only writes to the API     (act)
-//! ```
+//! Each controller has a folder of its own (`scaledown`); what they share sits beside them:
+//! wiring and shutdown (`app`), flags (`cli`), leader election (`leader`), HTTP (`http`), metrics
+//! (`metrics`, `api_metrics`, `process`), outcomes (`reason`), errors (`error`), indexed caches
+//! (`index`), compatibility strings (`naming`) and pod templates (`template`).
 
-pub mod act;
 pub mod api_metrics;
 pub mod app;
 pub mod cli;
-pub mod decide;
 pub mod error;
 pub mod http;
 pub mod index;
 pub mod leader;
 pub mod metrics;
 pub mod naming;
-pub mod observe;
 pub mod plugin;
 pub mod process;
 pub mod reason;
-pub mod reconcile;
+pub mod scaledown;
 pub mod template;
-pub mod watch;
 
 #[cfg(test)]
 mod mock_api;

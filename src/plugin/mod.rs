@@ -12,8 +12,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use kube::Client;
 use kube::config::{Config, KubeConfigOptions, Kubeconfig};
 
-use crate::decide::Policy;
 use crate::error::{Error, Result};
+use crate::scaledown::decide::Policy;
 
 pub mod read;
 pub mod status;

@@ -13,11 +13,11 @@ use serde_json::json;
 
 use super::Scope;
 use super::status::SetStatus;
-use crate::decide::{Policy, decide};
 use crate::error::{Error, Result, code, is_status};
 use crate::naming;
-use crate::observe::{self, SetRead, Sources};
-use crate::reconcile::list_namespace;
+use crate::scaledown::decide::{Policy, decide};
+use crate::scaledown::observe::{self, SetRead, Sources};
+use crate::scaledown::reconcile::list_namespace;
 
 /// Tries of the finalizer release when the set keeps changing.
 const RELEASE_TRIES: usize = 5;

@@ -3,10 +3,10 @@
 
 use serde::Serialize;
 
-use crate::act::describe;
-use crate::decide::{Plan, Step};
-use crate::observe::{Observed, Phase, PodRole};
 use crate::reason::Reason;
+use crate::scaledown::act::describe;
+use crate::scaledown::decide::{Plan, Step};
+use crate::scaledown::observe::{Observed, Phase, PodRole};
 
 /// The state of one opted-in StatefulSet, as the controller sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -9,9 +9,9 @@ use kube::core::PartialObjectMeta;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::decide::{Policy, decide};
 use crate::naming;
-use crate::observe::{Record, SetRead, Sources, format_records, observe};
+use crate::scaledown::decide::{Policy, decide};
+use crate::scaledown::observe::{Record, SetRead, Sources, format_records, observe};
 
 const TEMPLATE: &str = r#"{"spec":{"containers":[{"name":"main","image":"busybox"}]}}"#;
 

@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
 
 use super::*;
-use crate::observe::{
+use crate::scaledown::observe::{
     ClaimFacts, CleanupFacts, Failure, Observed, OrdinalFacts, Phase, PodFacts, PodRole, Record,
     Rejection, SetFacts, SetRead,
 };
@@ -609,7 +609,10 @@ fn concurrency_cap_counts_cleanups_everywhere() {
     let held = decide(&o, &capped);
     assert_eq!(summary(&held), Vec::<String>::new());
     // Held back: looked at again soon, as no event of this set tells when room frees up.
-    assert_eq!(held.requeue_after, Some(crate::decide::CAP_RECHECK));
+    assert_eq!(
+        held.requeue_after,
+        Some(crate::scaledown::decide::CAP_RECHECK)
+    );
     assert_eq!(decide(&o, &Policy::default()).requeue_after, None);
 }
 

@@ -20,13 +20,13 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use crate::decide::{Event, Plan, PodDeletion, Step, Verdict};
 use crate::error::{Error, Result, code, is_status, status_code};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::naming;
-use crate::observe::{Record, SetFacts, format_records};
 use crate::reason::Reason;
+use crate::scaledown::decide::{Event, Plan, PodDeletion, Step, Verdict};
+use crate::scaledown::observe::{Record, SetFacts, format_records};
 
 /// Field manager of every write we make.
 pub const FIELD_MANAGER: &str = "statefulset-scaledown-controller";

@@ -30,10 +30,10 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::naming;
-use crate::observe::{
+use crate::reason::Reason;
+use crate::scaledown::observe::{
     ClaimFacts, CleanupFacts, Observed, OrdinalFacts, Phase, PodFacts, PodRole, SetFacts, SetRead,
 };
-use crate::reason::Reason;
 use crate::template::{self, Target};
 
 /// How soon a set whose cleanups wait for room under `--max-concurrent-cleanups` looks again.
@@ -192,15 +192,15 @@ pub fn confirm_created(set: &SetFacts, ordinal: u32) -> Verdict {
 pub fn next_records(
     live: &SetFacts,
     observed: &Observed,
-    runs: &[(u32, crate::observe::Record)],
-) -> BTreeMap<u32, crate::observe::Record> {
+    runs: &[(u32, crate::scaledown::observe::Record)],
+) -> BTreeMap<u32, crate::scaledown::observe::Record> {
     let active = |n: &u32| {
         observed
             .ordinals
             .get(n)
             .is_some_and(|f| !f.claims.is_empty() || f.pod.is_some())
     };
-    let mut records: BTreeMap<u32, crate::observe::Record> = live
+    let mut records: BTreeMap<u32, crate::scaledown::observe::Record> = live
         .records
         .iter()
         .filter(|(n, _)| active(n))
@@ -563,7 +563,7 @@ fn refused_too_recently(view: &View<'_>, ordinal: u32, plan: &mut Plan) -> bool 
         .checked_add(policy.backoff(refusal.count))
         .unwrap_or(refusal.last);
     if retry_at > o.now {
-        plan.requeue(crate::observe::until(o.now, retry_at));
+        plan.requeue(crate::scaledown::observe::until(o.now, retry_at));
         return true;
     }
     false
@@ -729,7 +729,7 @@ impl CleanupStep<'_> {
             ran_for: (why == PodDeletion::Completed)
                 .then_some(self.cleanup.created)
                 .flatten()
-                .map(|c| crate::observe::until(c, self.view.o.now)),
+                .map(|c| crate::scaledown::observe::until(c, self.view.o.now)),
         }
     }
 
@@ -766,7 +766,7 @@ impl CleanupStep<'_> {
             return;
         };
         if deadline > o.now {
-            plan.requeue(crate::observe::until(o.now, deadline));
+            plan.requeue(crate::scaledown::observe::until(o.now, deadline));
             return;
         }
         let state = if self.cleanup.scheduled {
@@ -903,7 +903,7 @@ impl CleanupStep<'_> {
         let failed_at = failure.and_then(|f| f.finished_at).unwrap_or(o.now);
         let retry_at = failed_at.checked_add(backoff).unwrap_or(failed_at);
         if retry_at > o.now {
-            plan.requeue(crate::observe::until(o.now, retry_at));
+            plan.requeue(crate::scaledown::observe::until(o.now, retry_at));
             return;
         }
         for claim in self.facts.claims.iter().filter(|c| c.live()) {

@@ -12,7 +12,7 @@ use super::*;
 use crate::index::{Index, Keys};
 use crate::leader::Leadership;
 use crate::mock_api::{self, Answer, Log, Sent};
-use crate::observe::format_records;
+use crate::scaledown::observe::format_records;
 
 const SET_PATH: &str = "/apis/apps/v1/namespaces/ns/statefulsets/web";
 const CLAIMS: &str = "/api/v1/namespaces/ns/persistentvolumeclaims";

@@ -20,13 +20,13 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 use tracing::{debug, warn};
 
-use crate::act::{Actor, Created, Done};
-use crate::decide::{self, Confirm, Plan, Policy, Step, Verdict, decide};
 use crate::error::{Category, Error, Result};
 use crate::metrics::Metrics;
 use crate::naming;
-use crate::observe::{self, Observed, Record, Rejection, SetFacts, SetRead, Sources};
-use crate::watch::{self, Stores};
+use crate::scaledown::act::{Actor, Created, Done};
+use crate::scaledown::decide::{self, Confirm, Plan, Policy, Step, Verdict, decide};
+use crate::scaledown::observe::{self, Observed, Record, Rejection, SetFacts, SetRead, Sources};
+use crate::scaledown::watch::{self, Stores};
 
 /// How long a cleanup pod we created counts as in flight (and is not created again) before the
 /// cache shows it. Short: a pod deleted by someone else before our watch saw it (the StatefulSet

@@ -24,7 +24,7 @@ fn web(record: Option<&str>) -> SetFacts {
                  "volumeClaimTemplates": [{"metadata": {"name": "data"}}]}
     }))
     .expect("statefulset");
-    crate::observe::set_facts(&set)
+    crate::scaledown::observe::set_facts(&set)
 }
 
 fn actor(client: kube::Client, leadership: Leadership) -> (Actor, Arc<Metrics>) {

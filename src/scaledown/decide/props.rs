@@ -28,7 +28,9 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use super::tests::{claim, stateful, summary, t0, web};
 use super::*;
-use crate::observe::{CleanupFacts, Observed, Phase, PodFacts, PodRole, Record, SetRead};
+use crate::scaledown::observe::{
+    CleanupFacts, Observed, Phase, PodFacts, PodRole, Record, SetRead,
+};
 
 const DEFAULT_CASES: u32 = 100_000;
 
