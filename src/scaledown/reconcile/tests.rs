@@ -275,6 +275,35 @@ async fn a_created_pod_is_not_created_again_before_the_cache_shows_it() {
     assert_eq!(creates, 1, "{:?}", log.lines());
 }
 
+/// A running cleanup pod of another set, which counts against `--max-concurrent-cleanups`.
+fn other_cleanup_running() -> Pod {
+    object(
+        json!({"metadata": {"name": "other-0", "namespace": "ns", "uid": "uid-other-0",
+        "labels": {naming::CLEANUP_LABEL: "other-0"}},
+        "spec": {"containers": []}, "status": {"phase": "Running"}}),
+    )
+}
+
+#[tokio::test]
+async fn the_cap_holds_creations_back_and_looks_again_soon() {
+    let set: StatefulSet = object(web(1, false));
+    let pods = || vec![stateful_pod(), other_cleanup_running()];
+    let (mut ctx, log) = context(&set, pods(), server(Some(web(1, false))));
+    ctx.policy.max_in_flight = Some(1);
+    let action = ctx.pass(&set).await.expect("pass");
+    assert!(
+        log.lines().is_empty(),
+        "no create over the cap: {:?}",
+        log.lines()
+    );
+    assert_eq!(action, Action::requeue(decide::CAP_RECHECK));
+
+    let (mut ctx, log) = context(&set, pods(), server(Some(web(1, false))));
+    ctx.policy.max_in_flight = Some(2);
+    ctx.pass(&set).await.expect("pass");
+    assert_eq!(log.lines()[0], format!("POST {PODS}"), "room for one more");
+}
+
 #[test]
 fn error_backoff_doubles_and_transport_errors_retry_soon() {
     let secs = |n, c| error_backoff(n, c).as_secs();
