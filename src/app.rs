@@ -39,9 +39,10 @@ use crate::index::{Index, Keys};
 use crate::leader::{self, Leadership};
 use crate::metrics::Metrics;
 use crate::naming;
+use crate::restarting::WatchBackoff;
 use crate::scaledown::act::Actor;
 use crate::scaledown::reconcile::{Context, error_policy, reconcile};
-use crate::scaledown::watch::{self, Stores, WatchBackoff};
+use crate::scaledown::watch::{self, Stores};
 
 /// Name the controller reports Events and writes under.
 pub const CONTROLLER_NAME: &str = "statefulset-scaledown-controller";
@@ -220,7 +221,7 @@ pub async fn run(
 }
 
 /// The caches and the change streams the controller runs on. Every watch restores itself after an
-/// error (`watch::restarting`), so none of these streams ever yields an error.
+/// error (`restarting::restarting`), so none of these streams ever yields an error.
 struct Watches {
     stores: Stores,
     sets: BoxStream<'static, watcher::Result<StatefulSet>>,
@@ -274,7 +275,7 @@ fn restarting<K>(
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
-    watch::restarting(what, move || {
+    crate::restarting::restarting(what, move || {
         watcher(api.clone(), config.clone()).modify(prune)
     })
 }

@@ -37,7 +37,7 @@ const ERROR_BACKOFF_BASE: Duration = Duration::from_secs(1);
 const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// Cap of that backoff for transport errors (the API server could not be reached): they say nothing
 /// about the set, so it is tried again soon after the API server is back. The relist that follows
-/// an outage also looks at every set at once (see `watch::restarting`).
+/// an outage also looks at every set at once (see `crate::restarting`).
 const TRANSPORT_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Reads of the set for one record of new cleanup pods, when the set keeps changing under us.
 const RECORD_TRIES: usize = 3;
