@@ -39,6 +39,7 @@ use crate::index::{Index, Keys};
 use crate::leader::{self, Leadership};
 use crate::metrics::Metrics;
 use crate::naming;
+use crate::releaser;
 use crate::restarting::WatchBackoff;
 use crate::scaledown::act::Actor;
 use crate::scaledown::reconcile::{Context, error_policy, reconcile};
@@ -152,6 +153,10 @@ struct Settings {
     metrics: Option<SocketAddr>,
     probes: Option<SocketAddr>,
     election: Option<leader::ElectionConfig>,
+    /// The PV releaser's id, when it runs.
+    pv_releaser: Option<String>,
+    /// The scale-down controller runs (not `--disable-scaledown`).
+    scaledown: bool,
 }
 
 impl Settings {
@@ -161,6 +166,8 @@ impl Settings {
             metrics: http::bind_address(&args.metrics_bind_address)?,
             probes: http::bind_address(&args.health_probe_bind_address)?,
             election: election_config(args)?,
+            pv_releaser: args.pv_releaser()?,
+            scaledown: !args.disable_scaledown,
         })
     }
 }
@@ -177,6 +184,7 @@ pub async fn run(
         namespace = settings.namespace.as_deref().unwrap_or("<all>"),
         dry_run = args.dry_run,
         leader_elect = args.leader_elect,
+        pv_releaser = settings.pv_releaser.as_deref().unwrap_or("<off>"),
         "starting"
     );
     let stop = CancellationToken::new();
@@ -196,28 +204,82 @@ pub async fn run(
     });
     metrics.set_leader(settings.election.is_none());
 
-    let watches = Watches::new(&client, settings.namespace.as_deref());
-    let servers = start_http(&settings, &metrics, &watches.stores, &stop).await?;
-    let ctx = context(
-        &args,
-        &client,
-        watches.stores.clone(),
-        &metrics,
-        &leadership,
-    );
-    let controller = controller(watches, ctx.clone(), args.concurrency, &leadership, &stop);
-    tokio::pin!(controller);
+    let Controllers {
+        work,
+        stores,
+        pool,
+        scaledown,
+        releaser,
+    } = controllers(&args, &settings, &client, &metrics, &leadership, &stop);
+    let servers = start_http(&settings, &metrics, stores, pool, &stop).await?;
+    tokio::pin!(work);
     let mut election = settings
         .election
         .map(|config| spawn_election(client, config, &leadership, &metrics, &stop));
 
-    let lost = until_stopped(controller.as_mut(), &mut election, &stop).await;
+    let lost = until_stopped(work.as_mut(), &mut election, &stop).await;
     stop.cancel();
     let deadline = Instant::now() + SHUTDOWN_GRACE;
-    let outcome = wind_down(controller, election, lost, &ctx, deadline).await;
+    let idle = async {
+        if let Some(ctx) = &scaledown {
+            ctx.idle().await;
+        }
+        if let Some(ctx) = &releaser {
+            ctx.idle().await;
+        }
+    };
+    let outcome = wind_down(work, election, lost, idle, deadline).await;
     stop_servers(servers, deadline).await;
     info!("stopped");
     outcome
+}
+
+/// The controllers this process runs, as one future that ends after `stop` once their running
+/// passes have; what HTTP reads of them; their contexts (to wait until no pass runs).
+struct Controllers {
+    work: futures::future::BoxFuture<'static, ()>,
+    stores: Option<Stores>,
+    pool: Option<releaser::Pool>,
+    scaledown: Option<Arc<Context>>,
+    releaser: Option<Arc<releaser::reconcile::Context>>,
+}
+
+/// The scale-down controller (unless `--disable-scaledown`) and the PV releaser (with
+/// `--pv-releaser-id`), each with its own watches and pass context.
+fn controllers(
+    args: &Args,
+    settings: &Settings,
+    client: &Client,
+    metrics: &Arc<Metrics>,
+    leadership: &Arc<Leadership>,
+    stop: &CancellationToken,
+) -> Controllers {
+    use futures::FutureExt;
+    let mut work = Vec::new();
+    let (mut stores, mut scaledown) = (None, None);
+    if settings.scaledown {
+        let watches = Watches::new(client, settings.namespace.as_deref());
+        let ctx = context(args, client, watches.stores.clone(), metrics, leadership);
+        stores = Some(watches.stores.clone());
+        work.push(controller(watches, ctx.clone(), args.concurrency, leadership, stop).boxed());
+        scaledown = Some(ctx);
+    }
+    let (mut pool, mut releaser) = (None, None);
+    if let Some(id) = &settings.pv_releaser {
+        let watches = releaser::Watches::new(client);
+        let ctx = pv_context(args, client, &watches.pool(id), metrics, leadership);
+        pool = Some(watches.pool(id));
+        let woken = became_leader(leadership.subscribe());
+        work.push(releaser::controller(watches, ctx.clone(), woken, stop).boxed());
+        releaser = Some(ctx);
+    }
+    Controllers {
+        work: futures::future::join_all(work).map(|_| ()).boxed(),
+        stores,
+        pool,
+        scaledown,
+        releaser,
+    }
 }
 
 /// The caches and the change streams the controller runs on. Every watch restores itself after an
@@ -289,13 +351,15 @@ fn prune_claim(claim: &mut PartialObjectMeta<PersistentVolumeClaim>) {
 async fn start_http(
     settings: &Settings,
     metrics: &Arc<Metrics>,
-    stores: &Stores,
+    stores: Option<Stores>,
+    pool: Option<releaser::Pool>,
     stop: &CancellationToken,
 ) -> Result<Vec<JoinHandle<Result<()>>>> {
     let probe = Probe {
         ready: Arc::new(AtomicBool::new(false)),
         metrics: metrics.clone(),
         stores: stores.clone(),
+        pool: pool.clone(),
     };
     let endpoints = [
         (
@@ -318,10 +382,19 @@ async fn start_http(
     }
     tokio::spawn({
         use std::sync::atomic::Ordering;
-        let (stores, ready, stop) = (stores.clone(), probe.ready, stop.clone());
+        let (ready, stop) = (probe.ready, stop.clone());
+        let all_synced = async move {
+            if let Some(pool) = pool {
+                pool.ready().await;
+            }
+            match stores {
+                Some(stores) => stores.ready().await,
+                None => Ok(()),
+            }
+        };
         async move {
             tokio::select! {
-                synced = stores.ready() => if synced.is_ok() {
+                synced = all_synced => if synced.is_ok() {
                     ready.store(true, Ordering::SeqCst);
                     info!("caches synced");
                 },
@@ -361,6 +434,35 @@ fn context(
         metrics.clone(),
         leadership.clone(),
         args.resync_period,
+    ))
+}
+
+/// The PV releaser's pass context: its writer and the StorageClass cache.
+fn pv_context(
+    args: &Args,
+    client: &Client,
+    pool: &releaser::Pool,
+    metrics: &Arc<Metrics>,
+    leadership: &Arc<Leadership>,
+) -> Arc<releaser::reconcile::Context> {
+    let reporter = Reporter {
+        controller: CONTROLLER_NAME.into(),
+        instance: Some(args.identity()),
+    };
+    let writer = releaser::act::Releaser::new(
+        client.clone(),
+        reporter,
+        args.dry_run,
+        metrics.clone(),
+        leadership.clone(),
+    );
+    Arc::new(releaser::reconcile::Context::new(
+        client.clone(),
+        pool.classes.clone(),
+        pool.id.clone(),
+        writer,
+        leadership.clone(),
+        metrics.clone(),
     ))
 }
 
@@ -461,13 +563,13 @@ async fn wind_down(
     controller: Pin<&mut impl Future<Output = ()>>,
     election: Option<JoinHandle<Result<()>>>,
     lost: Option<Result<()>>,
-    ctx: &Context,
+    idle: impl Future<Output = ()>,
     deadline: Instant,
 ) -> Result<()> {
     let drained = tokio::time::timeout_at(deadline, async {
         tokio::select! {
             _ = controller => {},
-            _ = ctx.idle() => {},
+            _ = idle => {},
         }
     })
     .await;

@@ -79,6 +79,15 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     pub concurrency: u16,
 
+    /// Do not run the scale-down controller (only the companions, e.g. the PV releaser).
+    #[arg(long)]
+    pub disable_scaledown: bool,
+
+    /// Run the PV pool releaser for StorageClasses annotated
+    /// `reclaimable-pv-releaser.kubernetes.io/controller-id: ID` (off when unset; needs cluster scope).
+    #[arg(long, value_name = "ID")]
+    pub pv_releaser_id: Option<String>,
+
     /// Run only while holding the leader Lease; standbys keep warm caches and write nothing.
     #[arg(long)]
     pub leader_elect: bool,
@@ -160,6 +169,28 @@ impl Args {
             })
     }
 
+    /// The PV releaser's id, if it runs; an error in namespace scope (PVs and StorageClasses are
+    /// cluster objects).
+    pub fn pv_releaser(&self) -> Result<Option<String>, Error> {
+        let Some(id) = self.pv_releaser_id.as_ref() else {
+            if self.disable_scaledown {
+                return Err(Error::Config(
+                    "--disable-scaledown leaves nothing to run without --pv-releaser-id".into(),
+                ));
+            }
+            return Ok(None);
+        };
+        if id.trim().is_empty() {
+            return Err(Error::Config("--pv-releaser-id must not be empty".into()));
+        }
+        if self.namespace.is_some() || self.local_only {
+            return Err(Error::Config(
+                "the PV releaser (--pv-releaser-id) needs cluster scope: PersistentVolumes and StorageClasses are cluster objects; drop --namespace/--localOnly or --pv-releaser-id".into(),
+            ));
+        }
+        Ok(Some(id.clone()))
+    }
+
     /// The controller's own namespace: `POD_NAMESPACE`, else the ServiceAccount's namespace file.
     pub fn own_namespace(&self) -> Option<String> {
         self.pod_namespace
@@ -222,6 +253,26 @@ mod tests {
         assert_eq!(args.policy().backoff_base, Duration::from_secs(1));
         assert!(Args::try_parse_from(["c", "--namespace", "x", "--localOnly"]).is_err());
         assert!(Args::try_parse_from(["c", "--cleanup-attempts", "0"]).is_err());
+    }
+
+    #[test]
+    fn the_pv_releaser_needs_cluster_scope() {
+        let parse = |a: &[&str]| Args::try_parse_from(a).expect("parses").pv_releaser();
+        assert_eq!(parse(&["c"]).expect("off"), None);
+        assert_eq!(
+            parse(&["c", "--pv-releaser-id", "ci"])
+                .expect("on")
+                .as_deref(),
+            Some("ci")
+        );
+        let err = parse(&["c", "--pv-releaser-id", "ci", "--namespace", "x"]).expect_err("scope");
+        assert!(err.to_string().contains("needs cluster scope"), "{err}");
+        assert!(parse(&["c", "--pv-releaser-id", " "]).is_err());
+        assert!(
+            parse(&["c", "--disable-scaledown"]).is_err(),
+            "nothing to run"
+        );
+        assert!(parse(&["c", "--disable-scaledown", "--pv-releaser-id", "ci"]).is_ok());
     }
 
     /// `--version` names the version and the commit.

@@ -24,7 +24,10 @@ use crate::scaledown::watch::Stores;
 pub struct Probe {
     pub ready: Arc<AtomicBool>,
     pub metrics: Arc<Metrics>,
-    pub stores: Stores,
+    /// The scale-down controller's caches, when it runs.
+    pub stores: Option<Stores>,
+    /// The PV releaser's caches, when it runs.
+    pub pool: Option<crate::releaser::Pool>,
 }
 
 /// Parses a bind address flag as controller-runtime does: `"0"` (or empty) means "do not serve",
@@ -89,19 +92,28 @@ async fn readyz(State(probe): State<Probe>) -> impl IntoResponse {
 
 async fn metrics(State(probe): State<Probe>) -> impl IntoResponse {
     // Computed at scrape time from the caches: claims left behind by sets that did not opt in.
+    // Until the caches have synced, the gauges keep their last values.
     if probe.ready.load(Ordering::SeqCst) {
-        let counts =
-            observe::unmanaged_orphans(&probe.stores.sets.state(), &probe.stores.claims.all());
-        probe.metrics.set_orphaned_claims(&counts);
-        let running = probe.stores.cleanup_pods.all();
-        probe
-            .metrics
-            .set_cleanups_running(running.iter().filter(|p| observe::in_flight(p)).count());
+        scrape_time_gauges(&probe);
     }
     (
         [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
         exposition(&probe.metrics),
     )
+}
+
+fn scrape_time_gauges(probe: &Probe) {
+    if let Some(stores) = &probe.stores {
+        let counts = observe::unmanaged_orphans(&stores.sets.state(), &stores.claims.all());
+        probe.metrics.set_orphaned_claims(&counts);
+        let running = stores.cleanup_pods.all();
+        probe
+            .metrics
+            .set_cleanups_running(running.iter().filter(|p| observe::in_flight(p)).count());
+    }
+    if let Some(pool) = &probe.pool {
+        probe.metrics.set_pv_pool(&pool.counts());
+    }
 }
 
 /// What `/metrics` sends: prometheus-client writes OpenMetrics text (`# EOF` at the end, counters

@@ -21,6 +21,7 @@ pub mod naming;
 pub mod plugin;
 pub mod process;
 pub mod reason;
+pub mod releaser;
 pub mod restarting;
 pub mod scaledown;
 pub mod template;

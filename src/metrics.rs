@@ -28,8 +28,17 @@ pub struct NamespaceLabels {
     pub namespace: String,
 }
 
+/// A StorageClass of the PV pool and a PV phase.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub class: String,
+    pub phase: String,
+}
+
 pub struct Metrics {
     pub registry: Registry,
+    pv_released: Counter,
+    pv_pool: Family<PoolLabels, Gauge>,
     cleanups_started: Counter,
     cleanups_succeeded: Counter,
     cleanups_failed: Counter,
@@ -49,6 +58,8 @@ impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix(PREFIX);
         let m = Metrics {
+            pv_released: Counter::default(),
+            pv_pool: Family::default(),
             cleanups_started: Counter::default(),
             cleanups_succeeded: Counter::default(),
             cleanups_failed: Counter::default(),
@@ -130,6 +141,16 @@ impl Default for Metrics {
             "Kubernetes API requests sent, by verb, resource and HTTP status code",
             crate::api_metrics::requests().clone(),
         );
+        registry.register(
+            "pv_released",
+            "PersistentVolumes the PV releaser made Available again (--pv-releaser-id)",
+            m.pv_released.clone(),
+        );
+        registry.register(
+            "pv_pool_volumes",
+            "PersistentVolumes of StorageClasses with this releaser's id, by class and phase",
+            m.pv_pool.clone(),
+        );
         // Every label value of the bounded families exists from the start at 0: the families
         // render before their first sample, and `rate()` sees the first increment.
         for category in crate::error::Category::ALL {
@@ -175,6 +196,21 @@ impl Metrics {
             Reason::CleanupFailed => self.cleanup_failed(),
             Reason::CleanupGaveUp => self.cleanup_given_up(),
             _ => {}
+        }
+    }
+    pub fn pv_released(&self) {
+        self.pv_released.inc();
+    }
+    /// Replaces the pool gauge with these counts per (class, phase).
+    pub fn set_pv_pool(&self, counts: &std::collections::BTreeMap<(String, String), usize>) {
+        self.pv_pool.clear();
+        for ((class, phase), n) in counts {
+            let labels = PoolLabels {
+                class: class.clone(),
+                phase: phase.clone(),
+            };
+            let gauge = self.pv_pool.get_or_create(&labels);
+            gauge.set(i64::try_from(*n).unwrap_or(i64::MAX));
         }
     }
     pub fn claim_deleted(&self) {

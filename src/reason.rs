@@ -21,6 +21,8 @@ pub enum Reason {
     OrphanDeletion,
     /// `--dry-run`: what would have been written.
     DryRun,
+    /// The PV releaser removed a PV's claimRef: the PV is Available again (plumber-cd's reason).
+    Released,
     // --- Warning ---
     /// The ordinal was scaled up while its cleanup ran; the claims are kept.
     ScaledUpDuringCleanup,
@@ -46,11 +48,13 @@ pub enum Reason {
     /// StatefulSet does not name its UID: it is never treated as a cleanup.
     UnprovenCleanupPod,
     RetentionPolicyConflict,
+    /// The PV releaser could not release a PV (plumber-cd's reason `ErrReleasePV`).
+    ReleaseFailed,
 }
 
 impl Reason {
     /// Every reason, for metric pre-registration and documentation checks.
-    pub const ALL: [Reason; 24] = [
+    pub const ALL: [Reason; 26] = [
         Reason::SuccessfulCreate,
         Reason::CleanupSuccess,
         Reason::SuccessfulDelete,
@@ -58,6 +62,7 @@ impl Reason {
         Reason::CleanupCancelled,
         Reason::OrphanDeletion,
         Reason::DryRun,
+        Reason::Released,
         Reason::ScaledUpDuringCleanup,
         Reason::CleanupFailed,
         Reason::CleanupGaveUp,
@@ -75,6 +80,7 @@ impl Reason {
         Reason::ForeignPod,
         Reason::UnprovenCleanupPod,
         Reason::RetentionPolicyConflict,
+        Reason::ReleaseFailed,
     ];
 
     /// The Event reason (and metric label, and log field).
@@ -87,6 +93,7 @@ impl Reason {
             Reason::CleanupCancelled => "CleanupCancelled",
             Reason::OrphanDeletion => "OrphanDeletion",
             Reason::DryRun => "DryRun",
+            Reason::Released => "Released",
             Reason::ScaledUpDuringCleanup => "ScaledUpDuringCleanup",
             Reason::CleanupFailed => "CleanupFailed",
             Reason::CleanupGaveUp => "CleanupGaveUp",
@@ -104,6 +111,7 @@ impl Reason {
             Reason::ForeignPod => "ForeignPod",
             Reason::UnprovenCleanupPod => "UnprovenCleanupPod",
             Reason::RetentionPolicyConflict => "RetentionPolicyConflict",
+            Reason::ReleaseFailed => "ErrReleasePV",
         }
     }
 
@@ -118,6 +126,7 @@ impl Reason {
                 | Reason::CleanupCancelled
                 | Reason::OrphanDeletion
                 | Reason::DryRun
+                | Reason::Released
         )
     }
 }

@@ -1,0 +1,180 @@
+//! The PV pool releaser (opt-in with `--pv-releaser-id ID`): a PersistentVolume whose StorageClass
+//! carries `reclaimable-pv-releaser.kubernetes.io/controller-id: ID` (plumber-cd's annotation), whose
+//! reclaim policy is Retain and which is `Released` because its claim is really gone, gets its
+//! `spec.claimRef` removed, so it is `Available` again, with its data, for the next claim.
+//!
+//! Same shape as the scale-down controller: watch (PVs and StorageClasses) → observe → decide (pure)
+//! → confirm (a live read of the claim) → act (the one guarded write) → report.
+
+pub mod act;
+pub mod decide;
+pub mod observe;
+pub mod reconcile;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::Api;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::restarting::{WatchBackoff, restarting};
+use observe::CONTROLLER_ID_ANNOTATION;
+use reconcile::{Context, error_policy, reconcile};
+
+/// The releaser's caches (PVs, StorageClasses, both cluster-wide) and their change streams.
+pub struct Watches {
+    pub pvs: Store<PersistentVolume>,
+    pub classes: Store<StorageClass>,
+    pv_changes: BoxStream<'static, watcher::Result<PersistentVolume>>,
+    class_changes: BoxStream<'static, watcher::Result<StorageClass>>,
+}
+
+impl Watches {
+    pub fn new(client: &Client) -> Watches {
+        let (pvs, pv_writer) = reflector::store();
+        let (classes, class_writer) = reflector::store();
+        let pv_api: Api<PersistentVolume> = Api::all(client.clone());
+        let class_api: Api<StorageClass> = Api::all(client.clone());
+        let pv_stream = restarting("persistentvolumes", move || {
+            watcher(pv_api.clone(), watcher::Config::default())
+                .modify(|pv: &mut PersistentVolume| pv.managed_fields_mut().clear())
+        });
+        let class_stream = restarting("storageclasses", move || {
+            watcher(class_api.clone(), watcher::Config::default())
+                .modify(|c: &mut StorageClass| c.managed_fields_mut().clear())
+        });
+        Watches {
+            pvs,
+            classes,
+            pv_changes: reflector::reflector(pv_writer, pv_stream)
+                .applied_objects()
+                .boxed(),
+            class_changes: reflector::reflector(class_writer, class_stream)
+                .touched_objects()
+                .boxed(),
+        }
+    }
+
+    pub fn pool(&self, id: &str) -> Pool {
+        Pool {
+            pvs: self.pvs.clone(),
+            classes: self.classes.clone(),
+            id: id.to_string(),
+        }
+    }
+}
+
+/// What `/metrics` and `/readyz` read of the releaser.
+#[derive(Clone)]
+pub struct Pool {
+    pub pvs: Store<PersistentVolume>,
+    pub classes: Store<StorageClass>,
+    pub id: String,
+}
+
+impl Pool {
+    pub fn counts(&self) -> BTreeMap<(String, String), usize> {
+        pool(&self.pvs, &self.classes, &self.id)
+    }
+
+    /// Waits until both caches have their first full list.
+    pub async fn ready(&self) {
+        let _ = self.pvs.wait_until_ready().await;
+        let _ = self.classes.wait_until_ready().await;
+    }
+}
+
+/// PVs of the StorageClasses with `id`, counted by class and phase (for `scaledown_pv_pool_volumes`,
+/// at scrape time).
+pub fn pool(
+    pvs: &Store<PersistentVolume>,
+    classes: &Store<StorageClass>,
+    id: &str,
+) -> BTreeMap<(String, String), usize> {
+    let ours: Vec<String> = classes
+        .state()
+        .iter()
+        .filter(|c| {
+            c.annotations()
+                .get(CONTROLLER_ID_ANNOTATION)
+                .map(String::as_str)
+                == Some(id)
+        })
+        .map(|c| c.name_any())
+        .collect();
+    let mut counts = BTreeMap::new();
+    for class in &ours {
+        for phase in ["Available", "Bound", "Released"] {
+            counts.insert((class.clone(), phase.to_string()), 0);
+        }
+    }
+    for pv in pvs.state() {
+        let class = pv.spec.as_ref().and_then(|s| s.storage_class_name.clone());
+        let Some(class) = class.filter(|c| ours.contains(c)) else {
+            continue;
+        };
+        let phase = pv
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default();
+        *counts.entry((class, phase)).or_default() += 1;
+    }
+    counts
+}
+
+/// kube's Controller over PVs, woken also by a change of their StorageClass, as one future that
+/// ends after `stop` once the running passes have.
+pub fn controller(
+    watches: Watches,
+    ctx: Arc<Context>,
+    became_leader: impl Stream<Item = ()> + Send + 'static,
+    stop: &CancellationToken,
+) -> impl Future<Output = ()> + Send + 'static {
+    let Watches {
+        pvs,
+        pv_changes,
+        class_changes,
+        ..
+    } = watches;
+    let cached = pvs.clone();
+    Controller::for_stream(pv_changes, pvs)
+        .trigger_backoff(WatchBackoff::default())
+        // A class change is rare; it wakes the PVs of that class (a scan of the PV cache).
+        .watches_stream(class_changes, move |class: StorageClass| {
+            let name = class.name_any();
+            cached
+                .state()
+                .iter()
+                .filter(|pv| {
+                    pv.spec
+                        .as_ref()
+                        .and_then(|s| s.storage_class_name.as_deref())
+                        == Some(name.as_str())
+                })
+                .map(|pv| ObjectRef::from_obj(pv.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .reconcile_all_on(became_leader)
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((pv, _)) => debug!(pv = %pv.name, "released or left alone"),
+                Err(controller::Error::ReconcilerFailed(..)) => {}
+                Err(controller::Error::ObjectNotFound(pv)) => {
+                    debug!(pv = %pv.name, "gone before its pass")
+                }
+                Err(e) => warn!(error = %e, "PV watch or queue error"),
+            }
+        })
+}

@@ -1,0 +1,211 @@
+//! The PV pool releaser (`--pv-releaser-id`) on the local control plane: the real PV binder makes
+//! Retain PVs `Released` when their claims go; the releaser makes the ones of its classes
+//! `Available` again, and they are bound again by the next claim. The controller runs cluster-wide
+//! with `--disable-scaledown` (so it leaves other tests' StatefulSets alone) and an id of its own
+//! (so it leaves other tests' PVs alone).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::fixtures::*;
+use support::recorder::Recorder;
+use support::{Cluster, Reclaim, TestNamespace, from_json, wait_for, wait_for_pvc_phase};
+
+const ID_ANNOTATION: &str = "reclaimable-pv-releaser.kubernetes.io/controller-id";
+
+async fn annotate_class(cluster: &Cluster, class: &str, id: &str) {
+    let classes: Api<StorageClass> = Api::all(cluster.client.clone());
+    let patch = json!({"metadata": {"annotations": {ID_ANNOTATION: id}}});
+    classes
+        .patch(class, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("annotate the StorageClass");
+}
+
+/// Creates claim `name` bound to PV `pv` (by volumeName) and waits until it is Bound.
+async fn bind(ns: &TestNamespace, name: &str, pv: &str, class: &str) {
+    let claim: PersistentVolumeClaim = from_json(json!({
+        "metadata": {"name": name},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class, "volumeName": pv,
+                 "resources": {"requests": {"storage": "1Gi"}}}
+    }));
+    let claims: Api<PersistentVolumeClaim> = ns.api();
+    claims
+        .create(&PostParams::default(), &claim)
+        .await
+        .expect("create claim");
+    wait_for_pvc_phase(&claims, name, "Bound", LONG).await;
+}
+
+async fn delete_claim(ns: &TestNamespace, name: &str) {
+    let claims: Api<PersistentVolumeClaim> = ns.api();
+    claims
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("delete claim");
+}
+
+fn phase(pv: &PersistentVolume) -> &str {
+    pv.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or_default()
+}
+
+/// Waits until the recorder saw `pv` Released and then Available without a claimRef; returns the
+/// time between the two.
+async fn wait_released(pvs: &Recorder<PersistentVolume>, pv: &str) -> Duration {
+    let released = pvs
+        .wait_for(&format!("PV {pv} Released"), LONG, |s| {
+            s.name == pv && phase(&s.object) == "Released"
+        })
+        .await;
+    let available = pvs
+        .wait_for(
+            &format!("PV {pv} Available without a claimRef"),
+            LONG,
+            |s| {
+                s.name == pv
+                    && s.at > released.at
+                    && phase(&s.object) == "Available"
+                    && s.object
+                        .spec
+                        .as_ref()
+                        .is_some_and(|sp| sp.claim_ref.is_none())
+            },
+        )
+        .await;
+    available.at - released.at
+}
+
+fn start_releaser(cluster: &Cluster, id: &str) -> Controller {
+    let args = [
+        "--disable-scaledown",
+        "--pv-releaser-id",
+        id,
+        "--metrics-bind-address=0",
+        "--health-probe-bind-address=0",
+    ];
+    Controller::spawn(&cluster.kubeconfig, &format!("{id}-releaser"), &args, &[])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn released_pvs_of_our_classes_become_available_and_are_bound_again() {
+    let cluster = Cluster::connect().await;
+    let ns = cluster.namespace("releaser").await;
+    let pool = ns.create_static_pvs("pool", 1, Reclaim::Retain).await;
+    let other = ns.create_static_pvs("other", 1, Reclaim::Retain).await;
+    let id = ns.name.clone();
+    annotate_class(&cluster, &pool.class, &id).await;
+    annotate_class(&cluster, &other.class, "someone-else").await;
+    let (pool_pv, other_pv) = (pool.names[0].clone(), other.names[0].clone());
+    let pvs = Recorder::start(
+        Api::<PersistentVolume>::all(cluster.client.clone()),
+        kube::runtime::watcher::Config::default(),
+    )
+    .await;
+    let controller = start_releaser(&cluster, &id);
+
+    bind(&ns, "cache-a", &pool_pv, &pool.class).await;
+    bind(&ns, "cache-b", &other_pv, &other.class).await;
+    delete_claim(&ns, "cache-b").await;
+    delete_claim(&ns, "cache-a").await;
+    let took = wait_released(&pvs, &pool_pv).await;
+    record(
+        "pv releaser: PV Released -> Available",
+        format!("{} ms", took.as_millis()),
+    );
+
+    // The pool works as a pool: the released PV is bound by the next claim, and released again.
+    bind(&ns, "cache-c", &pool_pv, &pool.class).await;
+    let mark = pvs.mark();
+    delete_claim(&ns, "cache-c").await;
+    pvs.wait_for_since(mark, "PV released a second time", LONG, |s| {
+        s.name == pool_pv
+            && phase(&s.object) == "Available"
+            && s.object
+                .spec
+                .as_ref()
+                .is_some_and(|sp| sp.claim_ref.is_none())
+    })
+    .await;
+
+    // The releaser looked at the other PV while it was Released, and left it alone.
+    let looked = format!("pv={other_pv}");
+    wait_for("the releaser's decision on the other PV", LONG, || {
+        let log = controller.log_text();
+        let seen = log
+            .lines()
+            .any(|l| l.contains(&looked) && l.contains("NotOurs"));
+        async move { seen }
+    })
+    .await;
+    let other_seen = pvs.of(&other_pv);
+    let released_at = other_seen
+        .iter()
+        .find(|s| phase(&s.object) == "Released")
+        .map(|s| s.at)
+        .expect("the other PV was Released");
+    let lost_claim_ref = other_seen
+        .iter()
+        .filter(|s| s.at > released_at)
+        .filter(|s| {
+            s.object
+                .spec
+                .as_ref()
+                .is_some_and(|sp| sp.claim_ref.is_none())
+        })
+        .count();
+    assert_eq!(
+        lost_claim_ref, 0,
+        "a PV of another releaser's class was released"
+    );
+    let other_now = Api::<PersistentVolume>::all(cluster.client.clone())
+        .get(&other_pv)
+        .await
+        .expect("get the other PV");
+    assert_eq!(phase(&other_now), "Released");
+
+    let events: Api<Event> = Api::namespaced(cluster.client.clone(), "default");
+    let released_events = events
+        .list(&ListParams::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pool_pv.as_str()))
+        .filter(|e| e.reason.as_deref() == Some("Released"))
+        .count();
+    assert!(released_events >= 1, "a Released Event on the PV");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_releaser_refuses_namespace_scope_at_start() {
+    let cluster = Cluster::connect().await;
+    let mut controller = Controller::spawn(
+        &cluster.kubeconfig,
+        "releaser-namespace-scope",
+        &["--namespace", "default", "--pv-releaser-id", "x"],
+        &[],
+    );
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = controller.exited() {
+            break status;
+        }
+        assert!(started.elapsed() < LONG, "the controller did not exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(1), "a configuration error");
+    assert!(
+        controller.log_text().contains("needs cluster scope"),
+        "{}",
+        controller.log_text()
+    );
+}
