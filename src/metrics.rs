@@ -267,6 +267,8 @@ mod tests {
         let m = Metrics::default();
         m.set_orphaned_claims(&[("ns".to_string(), 1)].into());
         m.cleanup_took(3.0);
+        // Renders with the PV releaser on, once a class carries its id.
+        m.set_pv_pool(&[(("pool".to_string(), "Available".to_string()), 2)].into());
         // Renders once the client sent its first request (at start, the watches).
         crate::api_metrics::requests()
             .get_or_create(&crate::api_metrics::RequestLabels {

@@ -14,8 +14,11 @@ mod support;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::core::v1::PersistentVolume;
 use serde_json::{Value, json};
 use support::deploy::*;
+use support::pool::{annotate_class, bind, delete_claim, wait_released};
+use support::recorder::Recorder;
 use support::{Cluster, Reclaim};
 
 const CHART: &str = "charts/statefulset-scaledown-controller";
@@ -269,8 +272,13 @@ fn every_controller_flag_is_reachable_through_values() {
     }
     let mut rendered = BTreeSet::new();
     for scope in ["cluster", "namespace"] {
+        let mut controller = controller.clone();
+        if scope == "namespace" {
+            // The PV releaser needs cluster scope; the chart refuses it in namespace scope.
+            controller.remove("pvReleaserId");
+        }
         let values = json!({
-            "scope": scope, "controller": controller.clone(),
+            "scope": scope, "controller": controller,
             "leaderElection": {"id": "lease-x", "namespace": "lease-ns", "leaseDuration": "20s",
                                "renewDeadline": "15s", "retryPeriod": "3s"},
             "metrics": {"port": 9090}, "health": {"port": 9091},
@@ -659,6 +667,61 @@ async fn chart_cluster_scope_applies_and_its_rbac_suffices() {
     controller.assert_alive();
     assert!(forbidden_lines(&controller).is_empty());
     assert_lease_held_named(&cluster, &home.name, full, &identity).await;
+}
+
+/// The PV releaser through the chart (`controller.pvReleaserId`): its ClusterRole has the PV and
+/// StorageClass rules, the namespace scope refuses it, and the binary run with nothing but the
+/// chart's ServiceAccount token releases a PV of its class.
+#[tokio::test(flavor = "multi_thread")]
+async fn chart_pv_releaser_rbac_suffices() {
+    let _serial = CONTROLLER_LOCK.lock().await;
+    let cluster = Cluster::connect().await;
+    let kc = cluster.kubeconfig.clone();
+    let home = cluster.namespace("chart-pv").await;
+    let (release, full) = ("sd-pv", "sd-pv-statefulset-scaledown-controller");
+    let id = home.name.clone();
+    let values = json!({"controller": {"pvReleaserId": id, "disableScaledown": true}});
+    let refused = std::process::Command::new(helm_binary())
+        .args(["template", release, &chart(), "--set", "scope=namespace"])
+        .args(["--set", "controller.pvReleaserId=x"])
+        .output()
+        .expect("run helm");
+    assert!(
+        !refused.status.success(),
+        "namespace scope refuses the releaser"
+    );
+    let rendered = template(release, &home.name, &values);
+    let objects = yaml_objects(&rendered);
+    let rules = &object(&objects, "ClusterRole", full)["rules"];
+    assert!(rules.to_string().contains("persistentvolumes"), "{rules}");
+    assert!(deployment_args(&objects).contains(&format!("--pv-releaser-id={id}")));
+    let file = scratch_file(&format!("chart-pv-{}.yaml", home.name), &rendered);
+    let _cleanup = ClusterObjects {
+        kubeconfig: kc.clone(),
+        file: file.clone(),
+    };
+    kubectl_ok(&kc, &["apply", "-f", &file]).await;
+    wait_deployment_ready_named(&cluster, &home.name, full).await;
+
+    let token = token_kubeconfig_for(&cluster, &home.name, full).await;
+    let pool = home.create_static_pvs("pool", 1, Reclaim::Retain).await;
+    annotate_class(&cluster, &pool.class, &id).await;
+    let pvs = Recorder::start(
+        kube::Api::<PersistentVolume>::all(cluster.client.clone()),
+        kube::runtime::watcher::Config::default(),
+    )
+    .await;
+    let identity = format!("e2e-{}", home.name);
+    let args = ["--disable-scaledown", "--pv-releaser-id", &id];
+    let mut controller = start_controller(&token, &identity, &home.name, &args);
+    bind(&home, "cache", &pool.names[0], &pool.class).await;
+    delete_claim(&home, "cache").await;
+    tokio::select! {
+        _ = wait_released(&pvs, &pool.names[0]) => {}
+        _ = fail_on_refusal(&controller) => {}
+    }
+    controller.assert_alive();
+    assert!(forbidden_lines(&controller).is_empty());
 }
 
 /// Deletes the cluster-scoped objects of a rendered file when dropped.

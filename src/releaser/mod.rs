@@ -178,3 +178,53 @@ pub fn controller(
             }
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::watcher::Event;
+    use serde_json::json;
+
+    use super::*;
+
+    fn store<K>(objects: Vec<serde_json::Value>) -> Store<K>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + 'static,
+    {
+        let (store, mut writer) = reflector::store::<K>();
+        writer.apply_watcher_event(&Event::Init);
+        for o in objects {
+            let object: K = serde_json::from_value(o).expect("object");
+            writer.apply_watcher_event(&Event::InitApply(object));
+        }
+        writer.apply_watcher_event(&Event::InitDone);
+        store
+    }
+
+    #[test]
+    fn the_pool_counts_pvs_of_our_classes_by_phase() {
+        let class = |name: &str, id: Option<&str>| {
+            let annotations = id.map(|i| json!({CONTROLLER_ID_ANNOTATION: i}));
+            json!({"metadata": {"name": name, "annotations": annotations}, "provisioner": "x"})
+        };
+        let pv = |name: &str, class: &str, phase: &str| {
+            json!({"metadata": {"name": name}, "spec": {"storageClassName": class},
+                   "status": {"phase": phase}})
+        };
+        let classes = store::<StorageClass>(vec![
+            class("pool", Some("ci")),
+            class("other", Some("someone-else")),
+            class("plain", None),
+        ]);
+        let pvs = store::<PersistentVolume>(vec![
+            pv("a", "pool", "Available"),
+            pv("b", "pool", "Released"),
+            pv("c", "pool", "Released"),
+            pv("d", "other", "Released"),
+            pv("e", "plain", "Available"),
+        ]);
+        let counts = pool(&pvs, &classes, "ci");
+        let at = |phase: &str| counts[&("pool".to_string(), phase.to_string())];
+        assert_eq!((at("Available"), at("Bound"), at("Released")), (1, 0, 2));
+        assert_eq!(counts.len(), 3, "only our class: {counts:?}");
+    }
+}

@@ -13,6 +13,7 @@
 
 pub mod deploy;
 pub mod fixtures;
+pub mod pool;
 pub mod recorder;
 
 use std::future::Future;
