@@ -212,6 +212,10 @@ async fn run(options: &Options) -> (usize, usize) {
         .collect();
     found.extend(checker.claims(&world, "final"));
     checker.report(&found);
+    println!(
+        "chaos: control plane: {} claim(s) left Terminating by pvc-protection were touched",
+        world.touched_claims.len()
+    );
     world.teardown(options.seed).await;
     (rounds_run, checker.violations)
 }

@@ -51,6 +51,7 @@ impl World {
                     self.release_failed_wanted(&snap).await;
                     let unsettled = self.unsettled(&snap);
                     self.nudge_unready(&snap).await;
+                    self.touch_forgotten_claims(&snap).await;
                     unsettled
                 }
                 Err(e) => Unsettled {
@@ -121,6 +122,48 @@ impl World {
                     .patch(def.name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await;
             }
+        }
+    }
+
+    /// After an API server restart, kube-controller-manager's pvc-protection controller can miss
+    /// the deletion of the last pod using a claim and leave the claim Terminating for good (seed
+    /// 20261124, round 187: more than 4 minutes; touching the claim made it go in 160 ms). The
+    /// controller under test has done its part (it requested the deletion); a claim Terminating for
+    /// 15 s with no pod using it is touched so pvc-protection looks at it again, and the run says so.
+    async fn touch_forgotten_claims(&mut self, snap: &Snapshot) {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        for claim in &snap.claims {
+            let Some(since) = claim.metadata.deletion_timestamp.as_ref() else {
+                continue;
+            };
+            let uid = claim.uid().unwrap_or_default();
+            let name = claim.name_any();
+            let ns = claim.namespace().unwrap_or_default();
+            let used = snap.pods.iter().any(|p| {
+                p.namespace().as_deref() == Some(&ns)
+                    && p.spec
+                        .iter()
+                        .flat_map(|s| s.volumes.iter().flatten())
+                        .any(|v| {
+                            v.persistent_volume_claim
+                                .as_ref()
+                                .is_some_and(|c| c.claim_name == name)
+                        })
+            });
+            let stuck = now.duration_since(since.0).as_secs() >= 15;
+            if used || !stuck || !self.touched_claims.insert(uid) {
+                continue;
+            }
+            eprintln!(
+                "chaos: control plane: claim {ns}/{name} Terminating since {} with no pod using it (pvc-protection missed it); touched it",
+                since.0
+            );
+            let patch = json!({"metadata": {"annotations": {"chaos.scaledown.io/touch": "1"}}});
+            let api: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+                kube::Api::namespaced(self.client(), &ns);
+            let _ = api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
         }
     }
 

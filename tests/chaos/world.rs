@@ -49,6 +49,9 @@ pub struct World {
     pub forged_finished: HashMap<String, Instant>,
     pub last_nudge: Option<Instant>,
     pub nudges: u64,
+    /// Claims touched because kube-controller-manager's pvc-protection left them Terminating with
+    /// no pod using them (by UID).
+    pub touched_claims: HashSet<String>,
     pub recorder: Recorder,
     pub watches: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -82,6 +85,7 @@ impl World {
             forged_finished: HashMap::new(),
             last_nudge: None,
             nudges: 0,
+            touched_claims: HashSet::new(),
             recorder,
             watches,
         };
