@@ -157,6 +157,8 @@ struct Settings {
     pv_releaser: Option<String>,
     /// The scale-down controller runs (not `--disable-scaledown`).
     scaledown: bool,
+    /// Claims bound to pods (`--pod-bound-claims`).
+    pod_bound: bool,
 }
 
 impl Settings {
@@ -168,6 +170,7 @@ impl Settings {
             election: election_config(args)?,
             pv_releaser: args.pv_releaser()?,
             scaledown: !args.disable_scaledown,
+            pod_bound: args.pod_bound_claims,
         })
     }
 }
@@ -185,6 +188,8 @@ pub async fn run(
         dry_run = args.dry_run,
         leader_elect = args.leader_elect,
         pv_releaser = settings.pv_releaser.as_deref().unwrap_or("<off>"),
+        scaledown = settings.scaledown,
+        pod_bound_claims = settings.pod_bound,
         "starting"
     );
     let stop = CancellationToken::new();
@@ -210,6 +215,7 @@ pub async fn run(
         pool,
         scaledown,
         releaser,
+        podbound,
     } = controllers(&args, &settings, &client, &metrics, &leadership, &stop);
     let servers = start_http(&settings, &metrics, stores, pool, &stop).await?;
     tokio::pin!(work);
@@ -227,6 +233,9 @@ pub async fn run(
         if let Some(ctx) = &releaser {
             ctx.idle().await;
         }
+        if let Some(ctx) = &podbound {
+            ctx.idle().await;
+        }
     };
     let outcome = wind_down(work, election, lost, idle, deadline).await;
     stop_servers(servers, deadline).await;
@@ -242,6 +251,7 @@ struct Controllers {
     pool: Option<releaser::Pool>,
     scaledown: Option<Arc<Context>>,
     releaser: Option<Arc<releaser::reconcile::Context>>,
+    podbound: Option<Arc<crate::podbound::reconcile::Context>>,
 }
 
 /// The scale-down controller (unless `--disable-scaledown`) and the PV releaser (with
@@ -273,13 +283,49 @@ fn controllers(
         work.push(releaser::controller(watches, ctx.clone(), woken, stop).boxed());
         releaser = Some(ctx);
     }
+    let mut podbound = None;
+    if settings.pod_bound {
+        let ctx = podbound_context(args, client, metrics, leadership);
+        let ns = settings.namespace.as_deref();
+        let woken = became_leader(leadership.subscribe());
+        work.push(crate::podbound::controller(client, ns, ctx.clone(), woken, stop).boxed());
+        podbound = Some(ctx);
+    }
     Controllers {
         work: futures::future::join_all(work).map(|_| ()).boxed(),
         stores,
         pool,
         scaledown,
         releaser,
+        podbound,
     }
+}
+
+/// The pod-bound claims' pass context.
+fn podbound_context(
+    args: &Args,
+    client: &Client,
+    metrics: &Arc<Metrics>,
+    leadership: &Arc<Leadership>,
+) -> Arc<crate::podbound::reconcile::Context> {
+    let reporter = Reporter {
+        controller: CONTROLLER_NAME.into(),
+        instance: Some(args.identity()),
+    };
+    let binder = crate::podbound::act::Binder::new(
+        client.clone(),
+        reporter,
+        args.dry_run,
+        metrics.clone(),
+        leadership.clone(),
+    );
+    Arc::new(crate::podbound::reconcile::Context::new(
+        client.clone(),
+        binder,
+        args.pod_bound_grace,
+        leadership.clone(),
+        metrics.clone(),
+    ))
 }
 
 /// The caches and the change streams the controller runs on. Every watch restores itself after an

@@ -79,6 +79,14 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     pub concurrency: u16,
 
+    /// Bind claims annotated `statefulsets.kubernetes.io/bound-to-pod: <pod>` to that pod's life.
+    #[arg(long)]
+    pub pod_bound_claims: bool,
+
+    /// A claim whose pod is gone before it was bound is deleted once it is this old.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub pod_bound_grace: Duration,
+
     /// Do not run the scale-down controller (only the companions, e.g. the PV releaser).
     #[arg(long)]
     pub disable_scaledown: bool,
@@ -173,9 +181,9 @@ impl Args {
     /// cluster objects).
     pub fn pv_releaser(&self) -> Result<Option<String>, Error> {
         let Some(id) = self.pv_releaser_id.as_ref() else {
-            if self.disable_scaledown {
+            if self.disable_scaledown && !self.pod_bound_claims {
                 return Err(Error::Config(
-                    "--disable-scaledown leaves nothing to run without --pv-releaser-id".into(),
+                    "--disable-scaledown leaves nothing to run without --pv-releaser-id or --pod-bound-claims".into(),
                 ));
             }
             return Ok(None);

@@ -19,6 +19,7 @@ pub mod leader;
 pub mod metrics;
 pub mod naming;
 pub mod plugin;
+pub mod podbound;
 pub mod process;
 pub mod reason;
 pub mod releaser;

@@ -23,6 +23,10 @@ pub enum Reason {
     DryRun,
     /// The PV releaser removed a PV's claimRef: the PV is Available again (plumber-cd's reason).
     Released,
+    /// A claim was bound to its pod's life (an ownerReference to the pod).
+    BoundToPod,
+    /// A claim bound to a pod that was gone before the binding was made was deleted.
+    DeletedWithPod,
     // --- Warning ---
     /// The ordinal was scaled up while its cleanup ran; the claims are kept.
     ScaledUpDuringCleanup,
@@ -50,11 +54,13 @@ pub enum Reason {
     RetentionPolicyConflict,
     /// The PV releaser could not release a PV (plumber-cd's reason `ErrReleasePV`).
     ReleaseFailed,
+    /// A claim asked to be bound to a pod it may not be bound to (a StatefulSet's pod or claim).
+    PodBindingRefused,
 }
 
 impl Reason {
     /// Every reason, for metric pre-registration and documentation checks.
-    pub const ALL: [Reason; 26] = [
+    pub const ALL: [Reason; 29] = [
         Reason::SuccessfulCreate,
         Reason::CleanupSuccess,
         Reason::SuccessfulDelete,
@@ -63,6 +69,8 @@ impl Reason {
         Reason::OrphanDeletion,
         Reason::DryRun,
         Reason::Released,
+        Reason::BoundToPod,
+        Reason::DeletedWithPod,
         Reason::ScaledUpDuringCleanup,
         Reason::CleanupFailed,
         Reason::CleanupGaveUp,
@@ -81,6 +89,7 @@ impl Reason {
         Reason::UnprovenCleanupPod,
         Reason::RetentionPolicyConflict,
         Reason::ReleaseFailed,
+        Reason::PodBindingRefused,
     ];
 
     /// The Event reason (and metric label, and log field).
@@ -94,6 +103,8 @@ impl Reason {
             Reason::OrphanDeletion => "OrphanDeletion",
             Reason::DryRun => "DryRun",
             Reason::Released => "Released",
+            Reason::BoundToPod => "BoundToPod",
+            Reason::DeletedWithPod => "DeletedWithPod",
             Reason::ScaledUpDuringCleanup => "ScaledUpDuringCleanup",
             Reason::CleanupFailed => "CleanupFailed",
             Reason::CleanupGaveUp => "CleanupGaveUp",
@@ -112,6 +123,7 @@ impl Reason {
             Reason::UnprovenCleanupPod => "UnprovenCleanupPod",
             Reason::RetentionPolicyConflict => "RetentionPolicyConflict",
             Reason::ReleaseFailed => "ErrReleasePV",
+            Reason::PodBindingRefused => "PodBindingRefused",
         }
     }
 
@@ -127,6 +139,8 @@ impl Reason {
                 | Reason::OrphanDeletion
                 | Reason::DryRun
                 | Reason::Released
+                | Reason::BoundToPod
+                | Reason::DeletedWithPod
         )
     }
 }
