@@ -75,82 +75,7 @@ impl Default for Metrics {
             events: Family::default(),
             registry: Registry::default(),
         };
-        registry.register(
-            "cleanups_started",
-            "Cleanup pods created",
-            m.cleanups_started.clone(),
-        );
-        registry.register(
-            "cleanups_succeeded",
-            "Cleanups completed: claims and pod deleted",
-            m.cleanups_succeeded.clone(),
-        );
-        registry.register(
-            "cleanups_failed",
-            "Cleanup pods seen in phase Failed",
-            m.cleanups_failed.clone(),
-        );
-        registry.register(
-            "cleanups_given_up",
-            "Cleanup series that used up their attempts",
-            m.cleanups_given_up.clone(),
-        );
-        registry.register(
-            "claims_deleted",
-            "PersistentVolumeClaims deleted after a successful cleanup",
-            m.claims_deleted.clone(),
-        );
-        registry.register(
-            "cleanups_running",
-            "Cleanup pods in flight now",
-            m.cleanups_running.clone(),
-        );
-        registry.register("reconciles", "StatefulSet reconciles", m.reconciles.clone());
-        registry.register(
-            "reconcile_errors",
-            "Failed reconciles by error category",
-            m.reconcile_errors.clone(),
-        );
-        registry.register(
-            "reconcile_duration_seconds",
-            "Time spent in one reconcile",
-            m.reconcile_duration.clone(),
-        );
-        registry.register(
-            "cleanup_duration_seconds",
-            "Time from a cleanup pod's creation to the completion of its cleanup",
-            m.cleanup_duration.clone(),
-        );
-        registry.register(
-            "leader",
-            "1 while this replica may write (leader, or no election)",
-            m.leader.clone(),
-        );
-        registry.register(
-            "orphaned_claims",
-            "Claims of StatefulSets without the cleanup annotation whose ordinal is no longer wanted",
-            m.orphaned_claims.clone(),
-        );
-        registry.register(
-            "events",
-            "Outcomes reported as Events, by Event reason",
-            m.events.clone(),
-        );
-        registry.register(
-            "api_requests",
-            "Kubernetes API requests sent, by verb, resource and HTTP status code",
-            crate::api_metrics::requests().clone(),
-        );
-        registry.register(
-            "pv_released",
-            "PersistentVolumes the PV releaser made Available again (--pv-releaser-id)",
-            m.pv_released.clone(),
-        );
-        registry.register(
-            "pv_pool_volumes",
-            "PersistentVolumes of StorageClasses with this releaser's id, by class and phase",
-            m.pv_pool.clone(),
-        );
+        m.register(&mut registry);
         // Every label value of the bounded families exists from the start at 0: the families
         // render before their first sample, and `rate()` sees the first increment.
         for category in crate::error::Category::ALL {
@@ -172,6 +97,90 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Registers every family under the prefix.
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "cleanups_started",
+            "Cleanup pods created",
+            self.cleanups_started.clone(),
+        );
+        registry.register(
+            "cleanups_succeeded",
+            "Cleanups completed: claims and pod deleted",
+            self.cleanups_succeeded.clone(),
+        );
+        registry.register(
+            "cleanups_failed",
+            "Cleanup pods seen in phase Failed",
+            self.cleanups_failed.clone(),
+        );
+        registry.register(
+            "cleanups_given_up",
+            "Cleanup series that used up their attempts",
+            self.cleanups_given_up.clone(),
+        );
+        registry.register(
+            "claims_deleted",
+            "PersistentVolumeClaims deleted after a successful cleanup",
+            self.claims_deleted.clone(),
+        );
+        registry.register(
+            "cleanups_running",
+            "Cleanup pods in flight now",
+            self.cleanups_running.clone(),
+        );
+        registry.register(
+            "reconciles",
+            "StatefulSet reconciles",
+            self.reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Failed reconciles by error category",
+            self.reconcile_errors.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time spent in one reconcile",
+            self.reconcile_duration.clone(),
+        );
+        registry.register(
+            "cleanup_duration_seconds",
+            "Time from a cleanup pod's creation to the completion of its cleanup",
+            self.cleanup_duration.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica may write (leader, or no election)",
+            self.leader.clone(),
+        );
+        registry.register(
+            "orphaned_claims",
+            "Claims of StatefulSets without the cleanup annotation whose ordinal is no longer wanted",
+            self.orphaned_claims.clone(),
+        );
+        registry.register(
+            "events",
+            "Outcomes reported as Events, by Event reason",
+            self.events.clone(),
+        );
+        registry.register(
+            "api_requests",
+            "Kubernetes API requests sent, by verb, resource and HTTP status code",
+            crate::api_metrics::requests().clone(),
+        );
+        registry.register(
+            "pv_released",
+            "PersistentVolumes the PV releaser made Available again (--pv-releaser-id)",
+            self.pv_released.clone(),
+        );
+        registry.register(
+            "pv_pool_volumes",
+            "PersistentVolumes of StorageClasses with this releaser's id, by class and phase",
+            self.pv_pool.clone(),
+        );
+    }
+
     pub fn cleanup_started(&self) {
         self.cleanups_started.inc();
     }
