@@ -76,9 +76,9 @@ pub fn decide(claim: &ClaimFacts, read: &PodRead, now: Timestamp, grace: Duratio
             ),
         ),
         PodRead::Gone { .. } => {
-            let age = claim
-                .created
-                .map_or(Duration::MAX, |c| crate::scaledown::observe::until(c, now));
+            let age = claim.created.map_or(Duration::MAX, |c| {
+                now.duration_since(c).try_into().unwrap_or(Duration::ZERO)
+            });
             if age >= grace {
                 Plan::Delete
             } else {
