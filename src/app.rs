@@ -276,8 +276,13 @@ fn controllers(
     }
     let (mut pool, mut releaser) = (None, None);
     if let Some(id) = &settings.pv_releaser {
-        let watches = releaser::Watches::new(client);
-        let ctx = pv_context(args, client, &watches.pool(id), metrics, leadership);
+        let scrub_ns = args
+            .pv_scrub_namespace
+            .clone()
+            .or_else(|| args.own_namespace());
+        let watches = releaser::Watches::new(client, scrub_ns.as_deref());
+        let scrub = (watches.scrub_pods.clone(), scrub_ns);
+        let ctx = pv_context(args, client, &watches.pool(id), scrub, metrics, leadership);
         pool = Some(watches.pool(id));
         let woken = became_leader(leadership.subscribe());
         work.push(releaser::controller(watches, ctx.clone(), woken, stop).boxed());
@@ -488,6 +493,7 @@ fn pv_context(
     args: &Args,
     client: &Client,
     pool: &releaser::Pool,
+    (scrub_pods, scrub_ns): (kube::runtime::reflector::Store<Pod>, Option<String>),
     metrics: &Arc<Metrics>,
     leadership: &Arc<Leadership>,
 ) -> Arc<releaser::reconcile::Context> {
@@ -505,6 +511,8 @@ fn pv_context(
     Arc::new(releaser::reconcile::Context::new(
         client.clone(),
         pool.classes.clone(),
+        scrub_pods,
+        scrub_ns,
         pool.id.clone(),
         writer,
         leadership.clone(),

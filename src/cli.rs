@@ -87,6 +87,10 @@ pub struct Args {
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     pub pod_bound_grace: Duration,
 
+    /// Namespace of the PV releaser's scrub pods and temporary claims (default: the controller's).
+    #[arg(long)]
+    pub pv_scrub_namespace: Option<String>,
+
     /// Do not run the scale-down controller (only the companions, e.g. the PV releaser).
     #[arg(long)]
     pub disable_scaledown: bool,

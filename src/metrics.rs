@@ -35,9 +35,15 @@ pub struct PoolLabels {
     pub phase: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
+}
+
 pub struct Metrics {
     pub registry: Registry,
     pv_released: Counter,
+    pv_scrubs: Family<OutcomeLabels, Counter>,
     pv_pool: Family<PoolLabels, Gauge>,
     cleanups_started: Counter,
     cleanups_succeeded: Counter,
@@ -59,6 +65,7 @@ impl Default for Metrics {
         let mut registry = Registry::with_prefix(PREFIX);
         let m = Metrics {
             pv_released: Counter::default(),
+            pv_scrubs: Family::default(),
             pv_pool: Family::default(),
             cleanups_started: Counter::default(),
             cleanups_succeeded: Counter::default(),
@@ -83,6 +90,11 @@ impl Default for Metrics {
                 .get_or_create(&ErrorLabels {
                     category: category.as_str(),
                 })
+                .inc_by(0);
+        }
+        for outcome in ["succeeded", "failed"] {
+            m.pv_scrubs
+                .get_or_create(&OutcomeLabels { outcome })
                 .inc_by(0);
         }
         for reason in crate::reason::Reason::ALL {
@@ -175,6 +187,11 @@ impl Metrics {
             self.pv_released.clone(),
         );
         registry.register(
+            "pv_scrubs",
+            "Scrubs of Released PVs finished, by outcome (succeeded, failed)",
+            self.pv_scrubs.clone(),
+        );
+        registry.register(
             "pv_pool_volumes",
             "PersistentVolumes of StorageClasses with this releaser's id, by class and phase",
             self.pv_pool.clone(),
@@ -209,6 +226,12 @@ impl Metrics {
     }
     pub fn pv_released(&self) {
         self.pv_released.inc();
+    }
+    pub fn pv_scrubbed(&self, succeeded: bool) {
+        let outcome = if succeeded { "succeeded" } else { "failed" };
+        self.pv_scrubs
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
     }
     /// Replaces the pool gauge with these counts per (class, phase).
     pub fn set_pv_pool(&self, counts: &std::collections::BTreeMap<(String, String), usize>) {

@@ -23,6 +23,8 @@ pub enum Reason {
     DryRun,
     /// The PV releaser removed a PV's claimRef: the PV is Available again (plumber-cd's reason).
     Released,
+    /// The scrub pod of a Released PV succeeded; the PV is released next.
+    Scrubbed,
     /// A claim was bound to its pod's life (an ownerReference to the pod).
     BoundToPod,
     /// A claim bound to a pod that was gone before the binding was made was deleted.
@@ -56,11 +58,13 @@ pub enum Reason {
     ReleaseFailed,
     /// A claim asked to be bound to a pod it may not be bound to (a StatefulSet's pod or claim).
     PodBindingRefused,
+    /// The scrub of a PV failed (or could not start): the PV stays Released.
+    ScrubFailed,
 }
 
 impl Reason {
     /// Every reason, for metric pre-registration and documentation checks.
-    pub const ALL: [Reason; 29] = [
+    pub const ALL: [Reason; 31] = [
         Reason::SuccessfulCreate,
         Reason::CleanupSuccess,
         Reason::SuccessfulDelete,
@@ -69,6 +73,7 @@ impl Reason {
         Reason::OrphanDeletion,
         Reason::DryRun,
         Reason::Released,
+        Reason::Scrubbed,
         Reason::BoundToPod,
         Reason::DeletedWithPod,
         Reason::ScaledUpDuringCleanup,
@@ -90,6 +95,7 @@ impl Reason {
         Reason::RetentionPolicyConflict,
         Reason::ReleaseFailed,
         Reason::PodBindingRefused,
+        Reason::ScrubFailed,
     ];
 
     /// The Event reason (and metric label, and log field).
@@ -103,6 +109,7 @@ impl Reason {
             Reason::OrphanDeletion => "OrphanDeletion",
             Reason::DryRun => "DryRun",
             Reason::Released => "Released",
+            Reason::Scrubbed => "Scrubbed",
             Reason::BoundToPod => "BoundToPod",
             Reason::DeletedWithPod => "DeletedWithPod",
             Reason::ScaledUpDuringCleanup => "ScaledUpDuringCleanup",
@@ -124,6 +131,7 @@ impl Reason {
             Reason::RetentionPolicyConflict => "RetentionPolicyConflict",
             Reason::ReleaseFailed => "ErrReleasePV",
             Reason::PodBindingRefused => "PodBindingRefused",
+            Reason::ScrubFailed => "ErrScrubPV",
         }
     }
 
@@ -139,6 +147,7 @@ impl Reason {
                 | Reason::OrphanDeletion
                 | Reason::DryRun
                 | Reason::Released
+                | Reason::Scrubbed
                 | Reason::BoundToPod
                 | Reason::DeletedWithPod
         )

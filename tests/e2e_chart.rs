@@ -706,13 +706,35 @@ async fn chart_pv_releaser_rbac_suffices() {
     let token = token_kubeconfig_for(&cluster, &home.name, full).await;
     let pool = home.create_static_pvs("pool", 1, Reclaim::Retain).await;
     annotate_class(&cluster, &pool.class, &id).await;
+    // With a scrub template, so the token must also cover the temporary claim and the scrub pod.
+    let template = json!({"metadata": {"labels": {"scaledown-pod": "scrub"},
+                                       "annotations": {"sim.scaledown.io/after": "1s"}},
+                          "spec": {"containers": [{"name": "wipe", "image": "busybox"}]}});
+    let classes: kube::Api<k8s_openapi::api::storage::v1::StorageClass> =
+        kube::Api::all(cluster.client.clone());
+    let patch = json!({"metadata": {"annotations": {
+        "reclaimable-pv-releaser.kubernetes.io/scrub-pod-template": template.to_string()}}});
+    classes
+        .patch(
+            &pool.class,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("scrub template");
     let pvs = Recorder::start(
         kube::Api::<PersistentVolume>::all(cluster.client.clone()),
         kube::runtime::watcher::Config::default(),
     )
     .await;
     let identity = format!("e2e-{}", home.name);
-    let args = ["--disable-scaledown", "--pv-releaser-id", &id];
+    let args = [
+        "--disable-scaledown",
+        "--pv-releaser-id",
+        &id,
+        "--pv-scrub-namespace",
+        &home.name,
+    ];
     let mut controller = start_controller(&token, &identity, &home.name, &args);
     bind(&home, "cache", &pool.names[0], &pool.class).await;
     delete_claim(&home, "cache").await;

@@ -141,3 +141,130 @@ async fn the_releaser_refuses_namespace_scope_at_start() {
         controller.log_text()
     );
 }
+
+/// A scrub template that finishes (KWOK completes `scaledown-pod` pods) with `outcome`.
+fn scrub_template(outcome: &str) -> String {
+    serde_json::json!({
+        "metadata": {"labels": {"scaledown-pod": "scrub", "sim.scaledown.io/outcome": outcome},
+                     "annotations": {"sim.scaledown.io/after": "1s"}},
+        "spec": {"containers": [{"name": "wipe", "image": "busybox",
+                                 "volumeMounts": [{"name": "data", "mountPath": "/data"}]}]}
+    })
+    .to_string()
+}
+
+async fn set_scrub_template(cluster: &Cluster, class: &str, template: &str) {
+    let classes: Api<k8s_openapi::api::storage::v1::StorageClass> =
+        Api::all(cluster.client.clone());
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        "reclaimable-pv-releaser.kubernetes.io/scrub-pod-template": template}}});
+    classes
+        .patch(
+            class,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("annotate the StorageClass");
+}
+
+fn scrub_state(pv: &PersistentVolume) -> Option<&str> {
+    pv.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("reclaimable-pv-releaser.kubernetes.io/scrub-state"))
+        .map(String::as_str)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pv_is_scrubbed_before_its_release_and_a_failed_scrub_keeps_it_released() {
+    let cluster = Cluster::connect().await;
+    let ns = cluster.namespace("scrub").await;
+    let clean = ns.create_static_pvs("clean", 1, Reclaim::Retain).await;
+    let dirty = ns.create_static_pvs("dirty", 1, Reclaim::Retain).await;
+    let id = ns.name.clone();
+    for (class, outcome) in [(&clean.class, "Succeeded"), (&dirty.class, "Failed")] {
+        annotate_class(&cluster, class, &id).await;
+        set_scrub_template(&cluster, class, &scrub_template(outcome)).await;
+    }
+    let (clean_pv, dirty_pv) = (clean.names[0].clone(), dirty.names[0].clone());
+    let pvs = Recorder::start(
+        Api::<PersistentVolume>::all(cluster.client.clone()),
+        kube::runtime::watcher::Config::default(),
+    )
+    .await;
+    let args = [
+        "--disable-scaledown",
+        "--pv-releaser-id",
+        &id,
+        "--pv-scrub-namespace",
+        &ns.name,
+        "--metrics-bind-address=0",
+        "--health-probe-bind-address=0",
+    ];
+    let controller = Controller::spawn(&cluster.kubeconfig, &format!("{id}-scrub"), &args, &[]);
+    bind(&ns, "cache-a", &clean_pv, &clean.class).await;
+    bind(&ns, "cache-b", &dirty_pv, &dirty.class).await;
+    delete_claim(&ns, "cache-a").await;
+    delete_claim(&ns, "cache-b").await;
+
+    // Scrubbed, then released: on the way the PV was bound to the temporary claim.
+    wait_released(&pvs, &clean_pv).await;
+    let temp = format!("scrub-{clean_pv}");
+    let held = pvs.of(&clean_pv).iter().any(|s| {
+        s.object
+            .spec
+            .as_ref()
+            .and_then(|sp| sp.claim_ref.as_ref())
+            .and_then(|r| r.name.as_deref())
+            == Some(temp.as_str())
+            && phase(&s.object) == "Bound"
+    });
+    assert!(
+        held,
+        "the clean PV was held by its temporary claim while scrubbed"
+    );
+    let now = Api::<PersistentVolume>::all(cluster.client.clone())
+        .get(&clean_pv)
+        .await
+        .expect("get");
+    assert_eq!(scrub_state(&now), None, "the record goes with the release");
+
+    // The failed scrub: recorded, the temporary claim deleted, the PV Released and never handed out.
+    let failed = pvs
+        .wait_for(
+            "the dirty PV Released again after its failed scrub",
+            LONG,
+            |s| {
+                s.name == dirty_pv
+                    && phase(&s.object) == "Released"
+                    && scrub_state(&s.object).is_some_and(|st| st.starts_with("failed:"))
+            },
+        )
+        .await;
+    let looked = format!("pv={dirty_pv}");
+    wait_for(
+        "the releaser's decision after the failed scrub",
+        LONG,
+        || {
+            let log = controller.log_text();
+            let seen = log
+                .lines()
+                .any(|l| l.contains(&looked) && l.contains("ScrubFailed"));
+            async move { seen }
+        },
+    )
+    .await;
+    let handed_out = pvs
+        .of(&dirty_pv)
+        .iter()
+        .filter(|s| s.at >= failed.at)
+        .any(|s| {
+            phase(&s.object) == "Available"
+                || s.object
+                    .spec
+                    .as_ref()
+                    .is_some_and(|sp| sp.claim_ref.is_none())
+        });
+    assert!(!handed_out, "a PV whose scrub failed was handed out");
+}

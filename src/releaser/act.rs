@@ -3,14 +3,16 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
+};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
-use serde_json::json;
 use tracing::{debug, info, warn};
 
-use super::observe::PvFacts;
+use super::observe::{PvFacts, Scrub};
+use super::scrub;
 use crate::error::{Error, Result, code, is_status};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
@@ -41,56 +43,198 @@ impl Releaser {
         }
     }
 
-    /// Removes `pv`'s claimRef if it still names the claim with `claim_uid`.
+    /// Removes `pv`'s claimRef (and our scrub record) if it still names the claim with
+    /// `claim_uid`.
     pub async fn release(&self, pv: &PvFacts, claim_uid: &str) -> Result<()> {
-        if !self.leadership.may_write() {
-            return Err(Error::NotLeader);
+        if !self.may_write(pv, "release")? {
+            return Ok(());
         }
         let claim = pv
             .claim_ref
             .as_ref()
             .map(ToString::to_string)
             .unwrap_or_default();
-        if self.dry_run {
-            let note = format!(
-                "dry-run: would release PV {} (claim {claim} is gone)",
-                pv.name
-            );
-            info!(pv = %pv.name, reason = %Reason::DryRun, "{note}");
-            return Ok(());
-        }
-        let patch: json_patch::Patch = serde_json::from_value(json!([
-            {"op": "test", "path": "/spec/claimRef/uid", "value": claim_uid},
-            {"op": "remove", "path": "/spec/claimRef"},
-        ]))
-        .map_err(|source| Error::Encode {
-            what: "release patch",
-            source,
-        })?;
-        let api: Api<PersistentVolume> = Api::all(self.client.clone());
-        match api
-            .patch(&pv.name, &PatchParams::default(), &Patch::<()>::Json(patch))
-            .await
-        {
-            Ok(_) => {
+        let ops = scrub::release(claim_uid, pv.scrub.is_some());
+        match self.json_patch(pv, ops, "release patch").await {
+            Ok(true) => {
                 self.metrics.pv_released();
+                let how = if pv.scrub.is_some() { "scrubbed; " } else { "" };
                 let note = format!(
-                    "released: claim {claim} is gone; the volume is Available again with its data"
+                    "released: {how}claim {claim} is gone; the volume is Available again with its data"
                 );
                 info!(pv = %pv.name, reason = %Reason::Released, "{note}");
                 self.publish(pv, Reason::Released, note).await;
                 Ok(())
             }
-            // The test op failed (bound to another claim meanwhile), or the PV is gone.
-            Err(e) if is_status(&e, &[code::INVALID, code::CONFLICT, code::NOT_FOUND]) => {
-                debug!(pv = %pv.name, error = %e, "PV changed before its release; left alone");
-                Ok(())
-            }
+            Ok(false) => Ok(()),
             Err(e) => {
                 let note = format!("could not release PV {}: {e}", pv.name);
                 self.publish(pv, Reason::ReleaseFailed, note).await;
-                Err(Error::kube("release persistentvolume", &pv.name)(e))
+                Err(e)
             }
+        }
+    }
+
+    /// Creates the temporary claim and hands the PV (whose claimRef names `old_uid`) to it.
+    pub async fn start_scrub(
+        &self,
+        pv: &PersistentVolume,
+        facts: &PvFacts,
+        old_uid: &str,
+        ns: &str,
+    ) -> Result<()> {
+        if !self.may_write(facts, "start a scrub")? {
+            return Ok(());
+        }
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
+        let claim: PersistentVolumeClaim = serde_json::from_value(scrub::temp_claim(pv, ns))
+            .map_err(|source| Error::Encode {
+                what: "temporary claim",
+                source,
+            })?;
+        let name = scrub::name(&facts.name);
+        let created = match claims.create(&PostParams::default(), &claim).await {
+            Ok(c) => c,
+            Err(e) if is_status(&e, &[code::CONFLICT]) => claims
+                .get(&name)
+                .await
+                .map_err(Error::kube("get temporary claim", &name))?,
+            Err(e) => return Err(Error::kube("create temporary claim", &name)(e)),
+        };
+        let temp_uid = created.metadata.uid.unwrap_or_default();
+        let ops = scrub::hand_over(pv, old_uid, ns, &temp_uid);
+        if !self.json_patch(facts, ops, "hand-over patch").await? {
+            // The PV changed meanwhile: it is not ours to scrub; the claim goes again.
+            delete_claim(&claims, &name, &temp_uid).await?;
+            return Ok(());
+        }
+        info!(pv = %facts.name, claim = %name, namespace = ns, "PV handed to its scrub");
+        Ok(())
+    }
+
+    /// Creates the scrub pod; a template or a pod the API server refuses fails the scrub.
+    pub async fn create_scrub_pod(&self, facts: &PvFacts, temp_uid: &str, ns: &str) -> Result<()> {
+        if !self.may_write(facts, "create the scrub pod")? {
+            return Ok(());
+        }
+        let template = facts.scrub_template.clone().unwrap_or_default();
+        let refusal = match scrub::pod(&template, &facts.name, ns) {
+            Err(why) => Some(format!("scrub template: {why}")),
+            Ok(pod) => {
+                let api: Api<DynamicObject> =
+                    Api::namespaced_with(self.client.clone(), ns, &ApiResource::erase::<Pod>(&()));
+                let object: DynamicObject =
+                    serde_json::from_value(pod).map_err(|source| Error::Encode {
+                        what: "scrub pod",
+                        source,
+                    })?;
+                match api.create(&PostParams::default(), &object).await {
+                    Ok(_) => None,
+                    Err(e) if is_status(&e, &[code::CONFLICT]) => None,
+                    Err(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 413 | 422 | 500) => {
+                        Some(format!(
+                            "the API server refused the scrub pod ({}): {}",
+                            s.code, s.message
+                        ))
+                    }
+                    Err(e) => return Err(Error::kube("create scrub pod", &facts.name)(e)),
+                }
+            }
+        };
+        match refusal {
+            None => Ok(()),
+            Some(why) => self.finish_scrub(facts, temp_uid, Some(why), ns).await,
+        }
+    }
+
+    /// Records the scrub's outcome on the PV, then deletes the scrub pod and the temporary claim.
+    pub async fn finish_scrub(
+        &self,
+        facts: &PvFacts,
+        temp_uid: &str,
+        failed: Option<String>,
+        ns: &str,
+    ) -> Result<()> {
+        if !self.may_write(facts, "finish the scrub")? {
+            return Ok(());
+        }
+        let running = Scrub::Running(temp_uid.into());
+        let outcome = match failed {
+            None => Scrub::Scrubbed(temp_uid.into()),
+            Some(_) => Scrub::Failed(temp_uid.into()),
+        };
+        if !self
+            .json_patch(facts, scrub::record(&running, &outcome), "scrub record")
+            .await?
+        {
+            return Ok(());
+        }
+        self.metrics.pv_scrubbed(failed.is_none());
+        let (reason, note) = match &failed {
+            None => (
+                Reason::Scrubbed,
+                format!("scrub of PV {} succeeded", facts.name),
+            ),
+            Some(why) => (
+                Reason::ScrubFailed,
+                format!(
+                    "scrub of PV {} failed ({why}); the PV stays Released and is not handed out",
+                    facts.name
+                ),
+            ),
+        };
+        info!(pv = %facts.name, reason = %reason, "{note}");
+        self.publish(facts, reason, note).await;
+        let name = scrub::name(&facts.name);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        match pods.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(e) if is_status(&e, &[code::NOT_FOUND]) => {}
+            Err(e) => return Err(Error::kube("delete scrub pod", &name)(e)),
+        }
+        self.delete_temp(facts, temp_uid, ns).await
+    }
+
+    /// Deletes the temporary claim (UID precondition).
+    pub async fn delete_temp(&self, facts: &PvFacts, temp_uid: &str, ns: &str) -> Result<()> {
+        if !self.may_write(facts, "delete the temporary claim")? {
+            return Ok(());
+        }
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
+        delete_claim(&claims, &scrub::name(&facts.name), temp_uid).await
+    }
+
+    fn may_write(&self, pv: &PvFacts, what: &str) -> Result<bool> {
+        if !self.leadership.may_write() {
+            return Err(Error::NotLeader);
+        }
+        if self.dry_run {
+            info!(pv = %pv.name, reason = %Reason::DryRun, "dry-run: would {what}");
+        }
+        Ok(!self.dry_run)
+    }
+
+    /// Applies a JSON patch to the PV: `Ok(false)` if a test op failed or the PV is gone (it
+    /// changed meanwhile, and is left alone).
+    async fn json_patch(
+        &self,
+        pv: &PvFacts,
+        ops: serde_json::Value,
+        what: &'static str,
+    ) -> Result<bool> {
+        let patch: json_patch::Patch =
+            serde_json::from_value(ops).map_err(|source| Error::Encode { what, source })?;
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        match api
+            .patch(&pv.name, &PatchParams::default(), &Patch::<()>::Json(patch))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_status(&e, &[code::INVALID, code::CONFLICT, code::NOT_FOUND]) => {
+                debug!(pv = %pv.name, error = %e, "PV changed before the {what}; left alone");
+                Ok(false)
+            }
+            Err(e) => Err(Error::kube("patch persistentvolume", &pv.name)(e)),
         }
     }
 
@@ -117,5 +261,21 @@ impl Releaser {
         if let Err(e) = self.recorder.publish(&event, &regarding).await {
             warn!(pv = %pv.name, reason = %reason, error = %e, "could not publish event");
         }
+    }
+}
+
+/// Deletes claim `name` if it still has `uid`; gone or replaced means done.
+async fn delete_claim(api: &Api<PersistentVolumeClaim>, name: &str, uid: &str) -> Result<()> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.into()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_status(&e, &[code::NOT_FOUND, code::CONFLICT]) => Ok(()),
+        Err(e) => Err(Error::kube("delete temporary claim", name)(e)),
     }
 }

@@ -1,12 +1,16 @@
-//! DECIDE: whether one PV is released, from its facts alone. Pure and deterministic.
+//! DECIDE: whether one PV is released (or scrubbed first), from its facts alone. Pure and
+//! deterministic.
 //!
-//! A PV is released (its `spec.claimRef` removed, so it becomes Available with its data) only when
-//! every one of these holds: its StorageClass names this releaser's id; its reclaim policy is
-//! Retain; it is `Released`; it is not being deleted; it names a claim by UID; and a live read shows
-//! that claim gone (no claim of that name, or one with another UID). The removal itself is guarded
-//! by the claim's UID (`act`), so a PV bound again meanwhile is never touched.
+//! A PV is taken up only when every one of these holds: its StorageClass names this releaser's id;
+//! its reclaim policy is Retain; it is not being deleted; it is `Released` and names a claim by UID;
+//! and a live read shows that claim gone (no claim of that name, or one with another UID). Then:
+//! - without a scrub template on the class, `spec.claimRef` is removed (guarded by the claim's
+//!   UID in `act`), so the PV is Available with its data;
+//! - with one, a temporary claim takes the PV over (the claimRef swap is guarded by the old
+//!   claim's UID), a scrub pod runs on it, and only after it Succeeded and the temporary claim is
+//!   gone is the PV released. A failed scrub leaves the PV Released for good (a Warning says why).
 
-use super::observe::{ClaimRead, PvFacts};
+use super::observe::{ClaimRead, PvFacts, Scrub, ScrubPod};
 
 /// What to do about one PV.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -15,8 +19,20 @@ pub enum Plan {
     Skip(Skip),
     /// Read the claim named by `claimRef` from the API server, then decide again.
     ReadClaim,
-    /// Remove `spec.claimRef`, if it still names the claim with this UID.
+    /// Remove `spec.claimRef` (and our scrub record), if it still names the claim with this UID.
     Release { claim_uid: String },
+    /// Create the temporary claim and hand the PV to it, if `claimRef` still names `claim_uid`.
+    StartScrub { claim_uid: String },
+    /// Create the scrub pod on the temporary claim with this UID.
+    CreateScrubPod { temp_uid: String },
+    /// Record the outcome (the pod succeeded, or failed with this reason), delete the pod and the
+    /// temporary claim.
+    FinishScrub {
+        temp_uid: String,
+        failed: Option<String>,
+    },
+    /// Delete the temporary claim (its scrub is over).
+    DeleteTemp { temp_uid: String },
 }
 
 /// Why a PV is left alone.
@@ -34,6 +50,12 @@ pub enum Skip {
     NoClaim,
     /// The claim it names still exists.
     ClaimExists,
+    /// Its scrub runs; nothing to do until the pod finishes.
+    Scrubbing,
+    /// Its scrub failed: it stays Released.
+    ScrubFailed,
+    /// Its claimRef no longer names our temporary claim: not ours any more.
+    Rebound,
 }
 
 pub fn decide(pv: &PvFacts, id: &str) -> Plan {
@@ -41,8 +63,6 @@ pub fn decide(pv: &PvFacts, id: &str) -> Plan {
         Some(Skip::NotOurs)
     } else if !pv.retain {
         Some(Skip::NotRetain)
-    } else if pv.phase != "Released" {
-        Some(Skip::NotReleased)
     } else if pv.deleting {
         Some(Skip::Deleting)
     } else {
@@ -51,15 +71,57 @@ pub fn decide(pv: &PvFacts, id: &str) -> Plan {
     if let Some(skip) = skip {
         return Plan::Skip(skip);
     }
+    match &pv.scrub {
+        None => released(pv),
+        Some(scrub) => scrubbing(pv, scrub),
+    }
+}
+
+/// A PV without a scrub record: released, or handed to a scrub, once its claim is gone.
+fn released(pv: &PvFacts) -> Plan {
+    if pv.phase != "Released" {
+        return Plan::Skip(Skip::NotReleased);
+    }
     let Some(claim) = pv.claim_ref.as_ref().filter(|c| !c.uid.is_empty()) else {
         return Plan::Skip(Skip::NoClaim);
     };
     match &pv.claim {
         ClaimRead::NotRead => Plan::ReadClaim,
         ClaimRead::Exists { uid } if *uid == claim.uid => Plan::Skip(Skip::ClaimExists),
-        ClaimRead::Exists { .. } | ClaimRead::Gone => Plan::Release {
-            claim_uid: claim.uid.clone(),
+        ClaimRead::Exists { .. } | ClaimRead::Gone => {
+            let claim_uid = claim.uid.clone();
+            match pv.scrub_template {
+                Some(_) => Plan::StartScrub { claim_uid },
+                None => Plan::Release { claim_uid },
+            }
+        }
+    }
+}
+
+/// A PV under a scrub: every step checks that its claimRef still names our temporary claim.
+fn scrubbing(pv: &PvFacts, scrub: &Scrub) -> Plan {
+    let temp_uid = scrub.temp_uid().to_string();
+    if pv.claim_ref.as_ref().map(|c| c.uid.as_str()) != Some(temp_uid.as_str()) {
+        return Plan::Skip(Skip::Rebound);
+    }
+    let bound = pv.phase == "Bound";
+    match (scrub, &pv.scrub_pod) {
+        (Scrub::Running(_), ScrubPod::Succeeded) => Plan::FinishScrub {
+            temp_uid,
+            failed: None,
         },
+        (Scrub::Running(_), ScrubPod::Failed(why)) => Plan::FinishScrub {
+            temp_uid,
+            failed: Some(why.clone()),
+        },
+        (Scrub::Running(_), ScrubPod::Missing) if bound => Plan::CreateScrubPod { temp_uid },
+        (Scrub::Running(_), _) => Plan::Skip(Skip::Scrubbing),
+        (Scrub::Scrubbed(_) | Scrub::Failed(_), _) if bound => Plan::DeleteTemp { temp_uid },
+        (Scrub::Scrubbed(_), _) if pv.phase == "Released" => Plan::Release {
+            claim_uid: temp_uid,
+        },
+        (Scrub::Scrubbed(_), _) => Plan::Skip(Skip::NotReleased),
+        (Scrub::Failed(_), _) => Plan::Skip(Skip::ScrubFailed),
     }
 }
 

@@ -10,13 +10,14 @@ pub mod act;
 pub mod decide;
 pub mod observe;
 pub mod reconcile;
+pub mod scrub;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 use kube::runtime::controller::{self, Controller};
@@ -27,19 +28,37 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::restarting::{WatchBackoff, restarting};
-use observe::CONTROLLER_ID_ANNOTATION;
+use observe::{CONTROLLER_ID_ANNOTATION, SCRUB_PV_LABEL};
 use reconcile::{Context, error_policy, reconcile};
 
 /// The releaser's caches (PVs, StorageClasses, both cluster-wide) and their change streams.
 pub struct Watches {
     pub pvs: Store<PersistentVolume>,
     pub classes: Store<StorageClass>,
+    /// Scrub pods of the scrub namespace (empty without one).
+    pub scrub_pods: Store<Pod>,
+    scrub_changes: BoxStream<'static, watcher::Result<Pod>>,
     pv_changes: BoxStream<'static, watcher::Result<PersistentVolume>>,
     class_changes: BoxStream<'static, watcher::Result<StorageClass>>,
 }
 
 impl Watches {
-    pub fn new(client: &Client) -> Watches {
+    pub fn new(client: &Client, scrub_ns: Option<&str>) -> Watches {
+        let (scrub_pods, scrub_writer) = reflector::store();
+        let scrub_changes = match scrub_ns {
+            Some(ns) => {
+                let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+                let selector = watcher::Config::default().labels(&format!("{SCRUB_PV_LABEL}=true"));
+                let stream = restarting("scrub pods", move || {
+                    watcher(api.clone(), selector.clone())
+                        .modify(|p: &mut Pod| p.managed_fields_mut().clear())
+                });
+                reflector::reflector(scrub_writer, stream)
+                    .touched_objects()
+                    .boxed()
+            }
+            None => futures::stream::pending().boxed(),
+        };
         let (pvs, pv_writer) = reflector::store();
         let (classes, class_writer) = reflector::store();
         let pv_api: Api<PersistentVolume> = Api::all(client.clone());
@@ -55,6 +74,8 @@ impl Watches {
         Watches {
             pvs,
             classes,
+            scrub_pods,
+            scrub_changes,
             pv_changes: reflector::reflector(pv_writer, pv_stream)
                 .applied_objects()
                 .boxed(),
@@ -144,6 +165,7 @@ pub fn controller(
         pvs,
         pv_changes,
         class_changes,
+        scrub_changes,
         ..
     } = watches;
     let cached = pvs.clone();
@@ -163,6 +185,12 @@ pub fn controller(
                 })
                 .map(|pv| ObjectRef::from_obj(pv.as_ref()))
                 .collect::<Vec<_>>()
+        })
+        // A scrub pod names its PV in an annotation (PV names may be longer than a label value).
+        .watches_stream(scrub_changes, |pod: Pod| {
+            pod.annotations()
+                .get(SCRUB_PV_LABEL)
+                .map(|pv| ObjectRef::<PersistentVolume>::new(pv))
         })
         .reconcile_all_on(became_leader)
         .graceful_shutdown_on(stop.clone().cancelled_owned())

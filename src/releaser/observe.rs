@@ -6,6 +6,63 @@ use kube::ResourceExt;
 
 /// StorageClass annotation naming the releaser that may release its PVs (plumber-cd's key).
 pub const CONTROLLER_ID_ANNOTATION: &str = "reclaimable-pv-releaser.kubernetes.io/controller-id";
+/// StorageClass annotation (ours): a pod template run on a Released PV before it is released.
+pub const SCRUB_TEMPLATE_ANNOTATION: &str =
+    "reclaimable-pv-releaser.kubernetes.io/scrub-pod-template";
+/// PV annotation written only by the releaser: `<state>:<UID of the temporary claim>`.
+pub const SCRUB_STATE_ANNOTATION: &str = "reclaimable-pv-releaser.kubernetes.io/scrub-state";
+/// Label on scrub pods and temporary claims: the PV they are for.
+pub const SCRUB_PV_LABEL: &str = "reclaimable-pv-releaser.kubernetes.io/scrub-pv";
+
+/// Where the scrub of a PV stands, from the PV's own annotation (only the releaser writes PVs'
+/// annotations it reads; PVs are cluster objects).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scrub {
+    /// The temporary claim with this UID holds the PV; the scrub pod runs or is to be created.
+    Running(String),
+    /// The scrub pod succeeded; the PV is released once the temporary claim is gone.
+    Scrubbed(String),
+    /// The scrub pod failed: the PV is never handed out.
+    Failed(String),
+}
+
+impl Scrub {
+    pub fn parse(raw: &str) -> Option<Scrub> {
+        let (state, uid) = raw.split_once(':')?;
+        let uid = uid.to_string();
+        match state {
+            "running" => Some(Scrub::Running(uid)),
+            "scrubbed" => Some(Scrub::Scrubbed(uid)),
+            "failed" => Some(Scrub::Failed(uid)),
+            _ => None,
+        }
+    }
+
+    pub fn format(&self) -> String {
+        match self {
+            Scrub::Running(u) => format!("running:{u}"),
+            Scrub::Scrubbed(u) => format!("scrubbed:{u}"),
+            Scrub::Failed(u) => format!("failed:{u}"),
+        }
+    }
+
+    pub fn temp_uid(&self) -> &str {
+        match self {
+            Scrub::Running(u) | Scrub::Scrubbed(u) | Scrub::Failed(u) => u,
+        }
+    }
+}
+
+/// The scrub pod of a PV, as the scrub-pod cache shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScrubPod {
+    Missing,
+    /// Pending or Running.
+    Busy,
+    Succeeded,
+    /// Failed, with the reason to report.
+    Failed(String),
+}
 
 /// Facts about one PV.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,6 +81,11 @@ pub struct PvFacts {
     pub deleting: bool,
     /// What a live read of the claim in `claim_ref` showed.
     pub claim: ClaimRead,
+    /// The scrub pod template of its StorageClass, if it has one.
+    pub scrub_template: Option<String>,
+    /// The scrub recorded on the PV.
+    pub scrub: Option<Scrub>,
+    pub scrub_pod: ScrubPod,
 }
 
 /// The claim a PV names in `spec.claimRef`.
@@ -52,8 +114,13 @@ pub enum ClaimRead {
     Gone,
 }
 
-/// The facts of `pv`, with its StorageClass (if it exists) and the claim read.
-pub fn observe(pv: &PersistentVolume, class: Option<&StorageClass>, claim: ClaimRead) -> PvFacts {
+/// The facts of `pv`, with its StorageClass (if it exists), the claim read and its scrub pod.
+pub fn observe(
+    pv: &PersistentVolume,
+    class: Option<&StorageClass>,
+    claim: ClaimRead,
+    scrub_pod: ScrubPod,
+) -> PvFacts {
     let spec = pv.spec.as_ref();
     let claim_ref = spec.and_then(|s| s.claim_ref.as_ref()).map(|r| ClaimRef {
         namespace: r.namespace.clone().unwrap_or_default(),
@@ -63,6 +130,7 @@ pub fn observe(pv: &PersistentVolume, class: Option<&StorageClass>, claim: Claim
     let class_name = spec
         .and_then(|s| s.storage_class_name.clone())
         .unwrap_or_default();
+    let class = class.filter(|c| !class_name.is_empty() && c.name_any() == class_name);
     PvFacts {
         name: pv.name_any(),
         uid: pv.uid().unwrap_or_default(),
@@ -72,9 +140,15 @@ pub fn observe(pv: &PersistentVolume, class: Option<&StorageClass>, claim: Claim
             .and_then(|s| s.phase.clone())
             .unwrap_or_default(),
         retain: spec.and_then(|s| s.persistent_volume_reclaim_policy.as_deref()) == Some("Retain"),
-        class_id: class
-            .filter(|c| !class_name.is_empty() && c.name_any() == class_name)
-            .and_then(|c| c.annotations().get(CONTROLLER_ID_ANNOTATION).cloned()),
+        class_id: class.and_then(|c| c.annotations().get(CONTROLLER_ID_ANNOTATION).cloned()),
+        scrub_template: class
+            .and_then(|c| c.annotations().get(SCRUB_TEMPLATE_ANNOTATION).cloned())
+            .filter(|t| !t.trim().is_empty()),
+        scrub: pv
+            .annotations()
+            .get(SCRUB_STATE_ANNOTATION)
+            .and_then(|s| Scrub::parse(s)),
+        scrub_pod,
         class: class_name,
         claim_ref,
         deleting: pv.metadata.deletion_timestamp.is_some(),

@@ -5,7 +5,7 @@
 //! fields newer than our bindings pass through unchanged. Pure: no IO, no clock. Bounded: parsing
 //! and rendering stay within the limits of [`decode`] whatever the annotation holds.
 
-mod decode;
+pub mod decode;
 #[cfg(test)]
 mod fuzz;
 #[cfg(test)]

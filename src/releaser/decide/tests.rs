@@ -22,12 +22,120 @@ fn releasable() -> PvFacts {
         }),
         deleting: false,
         claim: ClaimRead::Gone,
+        scrub_template: None,
+        scrub: None,
+        scrub_pod: ScrubPod::Missing,
     }
 }
 
 fn release() -> Plan {
     Plan::Release {
         claim_uid: "uid-old".into(),
+    }
+}
+
+#[test]
+fn scrub_table() {
+    let scrubbing = |state: Scrub, phase: &str, pod: ScrubPod, claim_uid: &str| {
+        let mut pv = releasable();
+        pv.scrub_template = Some("{}".into());
+        pv.scrub = Some(state);
+        pv.phase = phase.into();
+        pv.scrub_pod = pod;
+        if let Some(c) = pv.claim_ref.as_mut() {
+            c.uid = claim_uid.into();
+        }
+        decide(&pv, "ci")
+    };
+    let t = || "uid-temp".to_string();
+    let mut start = releasable();
+    start.scrub_template = Some("{}".into());
+    let want = Plan::StartScrub {
+        claim_uid: "uid-old".into(),
+    };
+    assert_eq!(decide(&start, "ci"), want, "a template: scrub first");
+    let running = || Scrub::Running(t());
+    let failed = |why: &str| Some(why.to_string());
+    let rows: Vec<(&str, Plan, Plan)> = vec![
+        (
+            "bound, no pod yet",
+            scrubbing(running(), "Bound", ScrubPod::Missing, "uid-temp"),
+            Plan::CreateScrubPod { temp_uid: t() },
+        ),
+        (
+            "not bound yet",
+            scrubbing(running(), "Released", ScrubPod::Missing, "uid-temp"),
+            Plan::Skip(Skip::Scrubbing),
+        ),
+        (
+            "pod runs",
+            scrubbing(running(), "Bound", ScrubPod::Busy, "uid-temp"),
+            Plan::Skip(Skip::Scrubbing),
+        ),
+        (
+            "pod succeeded",
+            scrubbing(running(), "Bound", ScrubPod::Succeeded, "uid-temp"),
+            Plan::FinishScrub {
+                temp_uid: t(),
+                failed: None,
+            },
+        ),
+        (
+            "pod failed",
+            scrubbing(
+                running(),
+                "Bound",
+                ScrubPod::Failed("Error".into()),
+                "uid-temp",
+            ),
+            Plan::FinishScrub {
+                temp_uid: t(),
+                failed: failed("Error"),
+            },
+        ),
+        (
+            "scrubbed, temporary claim still there",
+            scrubbing(Scrub::Scrubbed(t()), "Bound", ScrubPod::Missing, "uid-temp"),
+            Plan::DeleteTemp { temp_uid: t() },
+        ),
+        (
+            "scrubbed and Released: release",
+            scrubbing(
+                Scrub::Scrubbed(t()),
+                "Released",
+                ScrubPod::Missing,
+                "uid-temp",
+            ),
+            Plan::Release { claim_uid: t() },
+        ),
+        (
+            "failed: never handed out",
+            scrubbing(
+                Scrub::Failed(t()),
+                "Released",
+                ScrubPod::Missing,
+                "uid-temp",
+            ),
+            Plan::Skip(Skip::ScrubFailed),
+        ),
+        (
+            "failed, temporary claim still there",
+            scrubbing(Scrub::Failed(t()), "Bound", ScrubPod::Missing, "uid-temp"),
+            Plan::DeleteTemp { temp_uid: t() },
+        ),
+        (
+            "bound to someone else meanwhile",
+            scrubbing(
+                Scrub::Scrubbed(t()),
+                "Released",
+                ScrubPod::Missing,
+                "uid-other",
+            ),
+            Plan::Skip(Skip::Rebound),
+        ),
+    ];
+    for (what, got, want) in rows {
+        assert_eq!(got, want, "{what}");
     }
 }
 
@@ -175,8 +283,20 @@ fn check(pv: &PvFacts) -> Result<(), TestCaseError> {
         prop_assert!(!claim_uid.is_empty());
         prop_assert_eq!(pv.class_id.as_deref(), Some("ci"));
         prop_assert!(pv.retain && pv.phase == "Released" && !pv.deleting);
-        let still_there = matches!(&pv.claim, ClaimRead::Exists { uid } if *uid == named);
-        prop_assert!(!still_there && pv.claim != ClaimRead::NotRead);
+        match &pv.scrub {
+            // Never handed out dirty: with a scrub, only after it succeeded, and only from the
+            // temporary claim that scrub used.
+            Some(scrub) => prop_assert_eq!(scrub, &Scrub::Scrubbed(named.clone())),
+            None => {
+                prop_assert!(pv.scrub_template.is_none());
+                let still_there = matches!(&pv.claim, ClaimRead::Exists { uid } if *uid == named);
+                prop_assert!(!still_there && pv.claim != ClaimRead::NotRead);
+            }
+        }
+    }
+    if matches!(pv.scrub, Some(Scrub::Failed(_))) {
+        let handed_out = matches!(plan, Plan::Release { .. } | Plan::CreateScrubPod { .. });
+        prop_assert!(!handed_out, "a failed scrub is never released or run again");
     }
     Ok(())
 }
