@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use futures::future::Fuse;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -218,6 +219,8 @@ pub async fn run(
         podbound,
     } = controllers(&args, &settings, &client, &metrics, &leadership, &stop);
     let servers = start_http(&settings, &metrics, stores, pool, &stop).await?;
+    // Fused: shutdown polls it again after it may have ended during `until_stopped`.
+    let work = futures::FutureExt::fuse(work);
     tokio::pin!(work);
     let mut election = settings
         .election
@@ -589,7 +592,7 @@ fn joined(result: std::result::Result<Result<()>, tokio::task::JoinError>) -> Re
 
 /// Runs until `stop`, or until the election ends first (leadership lost): then its result.
 async fn until_stopped(
-    controller: Pin<&mut impl Future<Output = ()>>,
+    controller: Pin<&mut Fuse<impl Future<Output = ()>>>,
     election: &mut Option<JoinHandle<Result<()>>>,
     stop: &CancellationToken,
 ) -> Option<Result<()>> {
@@ -614,7 +617,7 @@ async fn until_stopped(
 /// After `stop`: lets running reconciles finish and the election release the Lease until
 /// `deadline`, then drops whatever still runs. The outcome is the election's.
 async fn wind_down(
-    controller: Pin<&mut impl Future<Output = ()>>,
+    controller: Pin<&mut Fuse<impl Future<Output = ()>>>,
     election: Option<JoinHandle<Result<()>>>,
     lost: Option<Result<()>>,
     idle: impl Future<Output = ()>,
@@ -714,4 +717,29 @@ fn became_leader(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The controllers may end during `until_stopped` (graceful shutdown finished at once), and
+    /// `wind_down` polls them again: that must not panic (a `Map` polled after its end does; the
+    /// chaos run caught it at a SIGTERM).
+    #[tokio::test]
+    async fn shutdown_survives_controllers_that_already_ended() {
+        use futures::FutureExt;
+        for _ in 0..50 {
+            let stop = CancellationToken::new();
+            stop.cancel();
+            let work = futures::future::ready(()).map(|_| ()).boxed().fuse();
+            tokio::pin!(work);
+            let mut election = None;
+            let lost = until_stopped(work.as_mut(), &mut election, &stop).await;
+            assert!(lost.is_none());
+            let deadline = Instant::now() + SHUTDOWN_GRACE;
+            let outcome = wind_down(work, election, lost, async {}, deadline).await;
+            assert!(outcome.is_ok());
+        }
+    }
 }

@@ -144,3 +144,43 @@ async fn a_statefulset_pod_is_refused_and_its_claim_kept() {
         "a claim naming a StatefulSet pod was bound or deleted"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bound_claim_another_pod_still_mounts_waits_for_it() {
+    let cluster = Cluster::connect().await;
+    let ns = cluster.namespace("podbound-shared").await;
+    let class = ns.create_static_pvs("pv", 1, Reclaim::Retain).await.class;
+    let claims: Api<PersistentVolumeClaim> = ns.api();
+    let recorded = Recorder::start(claims.clone(), kube::runtime::watcher::Config::default()).await;
+    create_claim(&ns, "cache", &class, "runner").await;
+    let runner = create_pod(&ns, "runner", "cache").await;
+    create_pod(&ns, "reader", "cache").await;
+    let _controller = start(&cluster, &ns, "10m").await;
+    let uid = runner.uid().expect("uid");
+    recorded
+        .wait_for("the claim owned by the runner", LONG, |s| {
+            s.name == "cache" && s.object.owner_references().iter().any(|o| o.uid == uid)
+        })
+        .await;
+    let pods = ns.api::<Pod>();
+    pods.delete("runner", &DeleteParams::default())
+        .await
+        .expect("delete runner");
+    // The garbage collector asks for the deletion; pvc-protection keeps the claim for the reader.
+    recorded
+        .wait_for("the claim marked for deletion", LONG, |s| {
+            s.name == "cache" && s.deleting
+        })
+        .await;
+    let kept = claims.get("cache").await.expect("the claim is still there");
+    assert!(kept.metadata.deletion_timestamp.is_some());
+    wait_for_pod_phase(&pods, "reader", "Running", LONG).await;
+    assert!(
+        !recorded.of("cache").iter().any(|s| s.gone()),
+        "removed while the reader mounts it"
+    );
+    pods.delete("reader", &DeleteParams::default())
+        .await
+        .expect("delete reader");
+    wait_for_gone(&claims, "cache", LONG).await;
+}

@@ -268,3 +268,166 @@ async fn a_pv_is_scrubbed_before_its_release_and_a_failed_scrub_keeps_it_release
         });
     assert!(!handed_out, "a PV whose scrub failed was handed out");
 }
+
+/// A build pod on claim `claim`: runs until deleted.
+async fn consume(ns: &support::TestNamespace, pod: &str, claim: &str) {
+    let spec: k8s_openapi::api::core::v1::Pod = support::from_json(serde_json::json!({
+        "metadata": {"name": pod},
+        "spec": {"terminationGracePeriodSeconds": 0,
+                 "containers": [{"name": "build", "image": "busybox",
+                                 "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]}],
+                 "volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": claim}}]}
+    }));
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = ns.api();
+    pods.create(&kube::api::PostParams::default(), &spec)
+        .await
+        .expect("create build pod");
+    support::wait_for_pod_phase(&pods, pod, "Running", LONG).await;
+    pods.delete(pod, &kube::api::DeleteParams::default())
+        .await
+        .expect("delete build pod");
+    support::wait_for_gone(&pods, pod, LONG).await;
+}
+
+/// Claim `name` of `class` with no volumeName: the binder picks an Available PV of the pool.
+async fn claim_from_pool(ns: &support::TestNamespace, name: &str, class: &str) -> String {
+    let claim: k8s_openapi::api::core::v1::PersistentVolumeClaim =
+        support::from_json(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class,
+                     "resources": {"requests": {"storage": "1Gi"}}}
+        }));
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = ns.api();
+    claims
+        .create(&kube::api::PostParams::default(), &claim)
+        .await
+        .expect("create claim");
+    let bound = support::wait_for_pvc_phase(&claims, name, "Bound", LONG).await;
+    bound
+        .spec
+        .and_then(|s| s.volume_name)
+        .expect("bound to a PV")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_of_three_pvs_serves_five_builds_in_turn() {
+    let cluster = Cluster::connect().await;
+    let ns = cluster.namespace("pool").await;
+    let pool = ns.create_static_pvs("pool", 3, Reclaim::Retain).await;
+    let plain = ns.create_static_pvs("plain", 1, Reclaim::Retain).await;
+    let id = ns.name.clone();
+    annotate_class(&cluster, &pool.class, &id).await;
+    let pvs = Recorder::start(
+        Api::<PersistentVolume>::all(cluster.client.clone()),
+        kube::runtime::watcher::Config::default(),
+    )
+    .await;
+    let _controller = start_releaser(&cluster, &id);
+
+    // A PV of an unannotated class: Released, and it stays so.
+    bind(&ns, "plain", &plain.names[0], &plain.class).await;
+    delete_claim(&ns, "plain").await;
+    let mut used = Vec::new();
+    let started = Instant::now();
+    for build in 0..5 {
+        let claim = format!("cache-{build}");
+        let pv = claim_from_pool(&ns, &claim, &pool.class).await;
+        consume(&ns, &format!("build-{build}"), &claim).await;
+        let mark = pvs.mark();
+        delete_claim(&ns, &claim).await;
+        pvs.wait_for_since(mark, &format!("{pv} Available again"), LONG, |s| {
+            s.name == pv
+                && phase(&s.object) == "Available"
+                && s.object
+                    .spec
+                    .as_ref()
+                    .is_some_and(|sp| sp.claim_ref.is_none())
+        })
+        .await;
+        used.push(pv);
+    }
+    record(
+        "pv releaser: 5 builds on a pool of 3 PVs (claim, run, delete, released)",
+        format!("{} ms, PVs used {used:?}", started.elapsed().as_millis()),
+    );
+    let distinct: std::collections::BTreeSet<&String> = used.iter().collect();
+    assert!(distinct.len() <= 3 && used.len() == 5, "{used:?}");
+    assert!(used.len() > distinct.len(), "a PV was reused: {used:?}");
+    let plain_now = Api::<PersistentVolume>::all(cluster.client.clone())
+        .get(&plain.names[0])
+        .await
+        .expect("get");
+    assert_eq!(
+        phase(&plain_now),
+        "Released",
+        "the unannotated class's PV stays Released"
+    );
+}
+
+/// The race the JSON patch's test op closes, forced: the releaser acts on a read of a PV that a new
+/// claim has taken since. The real API server refuses the patch; the PV keeps its new claim.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pv_bound_again_after_the_read_is_left_alone() {
+    use statefulset_scaledown_controller::{leader, metrics, releaser};
+    let cluster = Cluster::connect().await;
+    let ns = cluster.namespace("race").await;
+    let pool = ns.create_static_pvs("pool", 1, Reclaim::Retain).await;
+    let id = ns.name.clone();
+    annotate_class(&cluster, &pool.class, &id).await;
+    let pv_name = pool.names[0].clone();
+    let api: Api<PersistentVolume> = Api::all(cluster.client.clone());
+    bind(&ns, "old", &pv_name, &pool.class).await;
+    delete_claim(&ns, "old").await;
+    wait_for("the PV Released", LONG, || {
+        let api = api.clone();
+        let name = pv_name.clone();
+        async move { api.get(&name).await.is_ok_and(|p| phase(&p) == "Released") }
+    })
+    .await;
+    // The releaser's read: Released, naming the gone claim.
+    let stale = api.get(&pv_name).await.expect("read");
+    let old_uid = stale
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref())
+        .and_then(|r| r.uid.clone());
+    let facts = releaser::observe::observe(
+        &stale,
+        None,
+        releaser::observe::ClaimRead::Gone,
+        releaser::observe::ScrubPod::Missing,
+    );
+    // Meanwhile an administrator hands the PV to a new claim.
+    let patch = serde_json::json!({"spec": {"claimRef": {"namespace": ns.name, "name": "new",
+                                                        "uid": null, "resourceVersion": null}}});
+    api.patch(
+        &pv_name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .expect("rebind by hand");
+    bind(&ns, "new", &pv_name, &pool.class).await;
+    let writer = releaser::act::Releaser::new(
+        cluster.client.clone(),
+        kube::runtime::events::Reporter {
+            controller: "e2e".into(),
+            instance: None,
+        },
+        false,
+        std::sync::Arc::new(metrics::Metrics::default()),
+        std::sync::Arc::new(leader::Leadership::always()),
+    );
+    writer
+        .release(&facts, old_uid.as_deref().expect("old claim uid"))
+        .await
+        .expect("a lost race is not an error");
+    let now = api.get(&pv_name).await.expect("read");
+    let claim = now
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref())
+        .and_then(|r| r.name.clone());
+    assert_eq!(claim.as_deref(), Some("new"), "the PV keeps its new claim");
+    assert_eq!(phase(&now), "Bound");
+}
