@@ -9,7 +9,7 @@ FUZZ_CASES ?= 1000000
 # The image, named in one place; artifacts/*.yaml use the same (a test checks it).
 IMAGE ?= ghcr.io/statefulset-scaledown/statefulset-scaledown-controller:0.1.0
 
-.PHONY: test fmt-check clippy unit fuzz props e2e e2e-faults chaos chaos-ci bench bench-report control-plane cluster-up cluster-down demo build plugin image image-push docker-image manifests deny audit
+.PHONY: test fmt-check clippy unit fuzz props e2e e2e-oldest e2e-faults chaos chaos-ci bench bench-report control-plane cluster-up cluster-down demo build plugin image image-push docker-image manifests deny audit
 
 ## test: formatting, lints, unit tests, e2e tests, the fault tests and a short seeded chaos run on the
 ## local control plane
@@ -44,6 +44,17 @@ e2e: image
 	$(CARGO) build --locked --bins --tests
 	hack/build-previous.sh >/dev/null
 	hack/with-cluster.sh $(CARGO) test --locked $(E2E_TESTS) -- --test-threads=$(E2E_THREADS)
+
+## e2e-oldest: the controller's e2e tests (not the image, chart, deploy and fault tests) on the oldest
+## supported Kubernetes, OLDEST_K8S, built into the cache on first use (about 10 minutes). Not part of
+## `make test`; run it with no other cluster up in this checkout.
+OLDEST_K8S ?= v1.34.4
+E2E_OLDEST := $(patsubst tests/%.rs,--test %,$(filter-out tests/e2e_faults.rs tests/e2e_image.rs \
+  tests/e2e_chart.rs tests/e2e_deploy.rs,$(sort $(wildcard tests/e2e_*.rs))))
+e2e-oldest:
+	$(CARGO) build --locked --bins --tests
+	hack/build-previous.sh >/dev/null
+	SCALEDOWN_K8S_VERSION=$(OLDEST_K8S) hack/with-cluster.sh $(CARGO) test --locked $(E2E_OLDEST) -- --test-threads=$(E2E_THREADS)
 
 ## e2e-faults: tests/e2e_faults.rs (API server restarts, SIGTERM in every state, leader churn), one
 ## test at a time. It restarts kube-apiserver: do not run it beside other tests on one cluster.

@@ -17,6 +17,8 @@
 #                             +0 etcd client, +1 etcd peer, +2 kube-apiserver, +3 kube-controller-manager,
 #                             +4 kube-scheduler, +5 kwok (healthz)
 #   SCALEDOWN_E2E_CACHE       binary cache root, passed on to hack/build-control-plane.sh
+#   SCALEDOWN_K8S_VERSION     run another Kubernetes version than hack/versions.env pins (built by
+#                             hack/build-control-plane-version.sh; `make e2e-oldest`)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -471,7 +473,12 @@ cmd_up() {
   fi
 
   local tb=$SECONDS bins
-  bins=$("$here/build-control-plane.sh" | tail -n 1)
+  if [[ -n "${SCALEDOWN_K8S_VERSION:-}" ]]; then
+    # Another Kubernetes version than hack/versions.env pins (the oldest supported one).
+    bins=$("$here/build-control-plane-version.sh" "$SCALEDOWN_K8S_VERSION" | tail -n 1)
+  else
+    bins=$("$here/build-control-plane.sh" | tail -n 1)
+  fi
   [[ -x "$bins/kube-apiserver" ]] || fail "" "hack/build-control-plane.sh did not produce binaries (got '$bins')"
   local build_s=$((SECONDS - tb))
   if ((build_s <= 1)); then
