@@ -145,6 +145,23 @@ impl<K: Resource + Keys> Index<K> {
         }
     }
 
+    /// Forgets the object named as `obj` is (namespace and name), as a delete event would.
+    pub fn remove<R: Resource>(&self, obj: &R) {
+        if let Some((ns, name)) = ns_name(obj) {
+            let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+            inner.remove(&ns, &name);
+        }
+    }
+
+    /// How many objects are cached.
+    pub fn len(&self) -> usize {
+        self.read().objects.values().map(|names| names.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.read().objects.is_empty()
+    }
+
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner<K>> {
         self.inner.read().unwrap_or_else(|p| p.into_inner())
     }

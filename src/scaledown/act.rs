@@ -402,19 +402,19 @@ impl Actor {
         Ok(())
     }
 
-    /// Writes `records` on the set, only if its spec (generation), identity and our previous
-    /// record are still those of the read `live`.
+    /// Writes `records` on the set, only if its identity, spec (generation), template annotation
+    /// and our previous record are still those of `live`: a compare-and-swap, so a successful write
+    /// confirms every fact the verdicts were judged on.
     async fn record(&self, live: &SetFacts, records: &BTreeMap<u32, Record>) -> Result<()> {
-        let path = format!(
-            "/metadata/annotations/{}",
-            naming::RECORD_ANNOTATION
-                .replace('~', "~0")
-                .replace('/', "~1")
-        );
+        let path = annotation_path(naming::RECORD_ANNOTATION);
         let mut ops = vec![
             json!({"op": "test", "path": "/metadata/uid", "value": live.uid}),
             json!({"op": "test", "path": "/metadata/generation", "value": live.generation}),
         ];
+        if let Some(template) = &live.template {
+            let template_path = annotation_path(naming::TEMPLATE_ANNOTATION);
+            ops.push(json!({"op": "test", "path": template_path, "value": template}));
+        }
         if let Some(old) = &live.record_raw {
             ops.push(json!({"op": "test", "path": path, "value": old}));
         }
@@ -627,3 +627,11 @@ pub fn describe(step: &Step) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// The JSON pointer of an annotation (RFC 6901 escapes).
+fn annotation_path(key: &str) -> String {
+    format!(
+        "/metadata/annotations/{}",
+        key.replace('~', "~0").replace('/', "~1")
+    )
+}

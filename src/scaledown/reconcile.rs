@@ -182,17 +182,25 @@ impl Context {
         Ok(plan.confirm.is_none().then_some((observed, plan)))
     }
 
-    /// The verdict on each cleanup pod created in this pass, on a read of the set made after the
-    /// creates, carried out by `act`. The set changing between that read and the record means
-    /// reading and judging again.
+    /// The verdict on each cleanup pod created in this pass, carried out by `act`.
+    ///
+    /// The first verdict is on the facts the creates were decided on, and the record that lets the
+    /// pods run is written with test ops on the set's UID, generation, template annotation and
+    /// previous record: the API server applies it only if none changed since, so the write made
+    /// after the creates is itself the confirmation that the ordinals are still orphaned (one
+    /// request instead of a read and a write). A failed test means the set changed: read it, judge
+    /// again on that read, and write again.
     async fn settle(&self, observed: &Observed, created: Vec<Created>) -> Result<()> {
         let mut pending = created;
+        let mut facts = Some(observed.set.clone());
         for attempt in 1..=RECORD_TRIES {
             if pending.is_empty() {
                 return Ok(());
             }
-            let live = self.get_set(&observed.set).await?;
-            let facts = live.as_ref().map(observe::set_facts);
+            if attempt > 1 {
+                let live = self.get_set(&observed.set).await?;
+                facts = live.as_ref().map(observe::set_facts);
+            }
             let verdicts: Vec<(Created, Verdict)> = pending
                 .iter()
                 .map(|c| {

@@ -22,13 +22,16 @@ use kube::{Resource, ResourceExt};
 use crate::index::{Index, Keys};
 use crate::naming;
 
+mod pods;
+pub use pods::{NamedPod, PodCache, needs_spec};
+
 /// The caches, shared by the controller and the HTTP readiness probe.
 #[derive(Clone)]
 pub struct Stores {
     pub sets: Store<StatefulSet>,
     pub claims: Index<PartialObjectMeta<PersistentVolumeClaim>>,
-    /// Every pod, pruned by `prune_pod` to what observe reads; also found by the claims it mounts.
-    pub pods: Index<Pod>,
+    /// Every pod: pruned by `prune_pod` where observe reads more than its name, else by name only.
+    pub pods: PodCache,
     pub cleanup_pods: Index<Pod>,
 }
 
@@ -97,7 +100,7 @@ impl Stores {
             .collect();
         let mut sets = BTreeMap::new();
         for claim in claims.keys() {
-            for user in self.pods.keyed(&ns, claim) {
+            for user in self.pods.users(&ns, claim) {
                 pods.insert(user.name_any(), user);
             }
             for other in sets_of_claim_name(&ns, claim, &self.sets) {
@@ -230,6 +233,23 @@ pub fn prune_pod(pod: &mut Pod) {
     });
 }
 
+/// Prunes a StatefulSet to what observe reads: its managed fields, the `kubectl apply` copy of
+/// itself and its pod template (only the claim templates and the annotations are read) are dropped.
+/// With a thousand sets these are most of the cache.
+pub fn prune_set(set: &mut StatefulSet) {
+    let meta = &mut set.metadata;
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+    if let Some(spec) = set.spec.as_mut() {
+        spec.template = Default::default();
+    }
+}
+
+/// The annotation `kubectl apply` keeps a copy of the whole object in.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
 /// Drops what we never read, so the caches stay small.
 pub fn prune_meta<K: Resource>(obj: &mut K, keep_annotations: &[&str]) {
     let meta = obj.meta_mut();
@@ -321,6 +341,33 @@ mod tests {
         assert_eq!(names("b-c-a-1"), ["a", "c-a"]);
         assert!(names("data-web-02").is_empty());
         assert!(names("unrelated").is_empty());
+    }
+
+    #[test]
+    fn a_pruned_set_keeps_what_observe_reads() {
+        let mut full: StatefulSet = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "ns", "uid": "u", "generation": 2,
+                "annotations": {LAST_APPLIED: "{}", naming::TEMPLATE_ANNOTATION: "{\"spec\":{}}"},
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
+            "spec": {"replicas": 2, "serviceName": "web", "selector": {},
+                "template": {"spec": {"containers": [{"name": "app", "image": "app"}]}},
+                "volumeClaimTemplates": [{"metadata": {"name": "data"}}]},
+            "status": {"replicas": 2}
+        }))
+        .expect("a set");
+        let before = observe_facts(&full);
+        prune_set(&mut full);
+        assert!(full.metadata.managed_fields.is_none());
+        assert!(!full.annotations().contains_key(LAST_APPLIED));
+        assert_eq!(
+            full.spec.as_ref().map(|s| &s.template),
+            Some(&Default::default())
+        );
+        assert_eq!(observe_facts(&full), before, "observe sees the same set");
+    }
+
+    fn observe_facts(set: &StatefulSet) -> String {
+        format!("{:?}", crate::scaledown::observe::set_facts(set))
     }
 
     #[test]

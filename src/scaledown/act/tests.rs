@@ -342,6 +342,7 @@ async fn a_confirmed_pod_is_recorded_with_test_ops_then_released_by_uid() {
         json!([
             {"op": "test", "path": "/metadata/uid", "value": "uid-web"},
             {"op": "test", "path": "/metadata/generation", "value": 4},
+            {"op": "test", "path": template_path(), "value": "{}"},
             {"op": "test", "path": path, "value": old},
             {"op": "add", "path": path, "value": format_records(&records(1, "uid-new"))},
         ])
@@ -392,8 +393,20 @@ async fn the_record_has_no_test_of_a_record_that_was_not_there() {
         .collect();
     assert_eq!(
         tests,
-        [&json!("/metadata/uid"), &json!("/metadata/generation")]
+        [
+            &json!("/metadata/uid"),
+            &json!("/metadata/generation"),
+            &json!(template_path())
+        ]
     );
+}
+
+/// The JSON pointer of the template annotation.
+fn template_path() -> String {
+    format!(
+        "/metadata/annotations/{}",
+        naming::TEMPLATE_ANNOTATION.replace('/', "~1")
+    )
 }
 
 #[tokio::test]

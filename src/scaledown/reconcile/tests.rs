@@ -13,6 +13,7 @@ use crate::index::{Index, Keys};
 use crate::leader::Leadership;
 use crate::mock_api::{self, Answer, Log, Sent};
 use crate::scaledown::observe::format_records;
+use crate::scaledown::watch::PodCache;
 
 const SET_PATH: &str = "/apis/apps/v1/namespaces/ns/statefulsets/web";
 const CLAIMS: &str = "/api/v1/namespaces/ns/persistentvolumeclaims";
@@ -110,7 +111,14 @@ where
     let stores = Stores {
         sets,
         claims: index(vec![claim(0), claim(1)]),
-        pods: index(pods),
+        pods: {
+            let cache = PodCache::default();
+            cache.apply(&Event::Init);
+            pods.into_iter()
+                .for_each(|p| cache.apply(&Event::InitApply(p)));
+            cache.apply(&Event::InitDone);
+            cache
+        },
         cleanup_pods: index(cleanup),
     };
     let metrics = Arc::new(Metrics::default());
@@ -151,9 +159,31 @@ fn server(live: Option<Value>) -> impl Fn(&Sent) -> Answer + Send + Sync + 'stat
             pod["metadata"]["uid"] = json!("uid-new");
             (201, pod)
         }
+        ("PATCH", SET_PATH) => json_patch_of(live.as_ref(), &sent.body),
         ("DELETE", _) => mock_api::deleted(),
         _ => (200, json!({})),
     }
+}
+
+/// A JSON patch of the set applied as the API server does: all or nothing, 422 when a test op
+/// fails, 404 when there is no set.
+fn json_patch_of(live: Option<&Value>, body: &Value) -> Answer {
+    let Some(live) = live else {
+        return mock_api::status(404, "NotFound", "statefulsets \"web\" not found");
+    };
+    let patch: json_patch::Patch = serde_json::from_value(body.clone()).expect("a JSON patch");
+    let mut set = live.clone();
+    match json_patch::patch(&mut set, &patch) {
+        Ok(()) => (200, set),
+        Err(e) => mock_api::status(422, "Invalid", &e.to_string()),
+    }
+}
+
+/// `web` as it is after a scale to `replicas`: a spec change, so a new generation.
+fn scaled(replicas: i32) -> Value {
+    let mut set = web(replicas, false);
+    set["metadata"]["generation"] = json!(4);
+    set
 }
 
 async fn pass(set: Value, pods: Vec<Pod>, live: Option<Value>) -> (Result<Action>, Log) {
@@ -228,40 +258,76 @@ async fn a_forged_succeeded_pod_deletes_nothing_and_is_reported() {
 }
 
 #[tokio::test]
-async fn a_new_cleanup_pod_runs_only_when_a_read_after_its_create_shows_it_orphaned() {
+async fn a_new_cleanup_pod_runs_only_when_a_write_after_its_create_confirms_it_orphaned() {
     let (result, log) = pass(web(1, false), vec![stateful_pod()], Some(web(1, false))).await;
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(
         log.lines(),
         [
             format!("POST {PODS}"),
-            format!("GET {SET_PATH}"),
             format!("PATCH {SET_PATH}"),
             format!("PATCH {PODS}/web-1"),
         ]
     );
-    let created = &log.writes_and_reads()[0].body;
-    let gates = &created["spec"]["schedulingGates"];
+    let sent = log.writes_and_reads();
+    let gates = &sent[0].body["spec"]["schedulingGates"];
     assert_eq!(
         gates,
         &json!([{"name": naming::CONFIRM_GATE}]),
         "created gated"
     );
+    let tested: Vec<&str> = sent[1]
+        .body
+        .as_array()
+        .expect("a JSON patch")
+        .iter()
+        .filter(|op| op["op"] == "test")
+        .filter_map(|op| op["path"].as_str())
+        .collect();
+    assert!(
+        tested.contains(&"/metadata/generation") && tested.contains(&"/metadata/uid"),
+        "the record is a compare-and-swap on the spec: {tested:?}"
+    );
 
-    // Scaled up between the create and the read: the pod is deleted by UID, never released.
-    let (result, log) = pass(web(1, false), vec![stateful_pod()], Some(web(2, false))).await;
+    // Scaled up between the decision and the record: the record's test fails, the read after it
+    // shows the ordinal wanted, and the pod is deleted by UID, never released.
+    let (result, log) = pass(web(1, false), vec![stateful_pod()], Some(scaled(2))).await;
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(
         log.lines(),
         [
             format!("POST {PODS}"),
+            format!("PATCH {SET_PATH}"),
             format!("GET {SET_PATH}"),
             format!("DELETE {PODS}/web-1"),
         ]
     );
     assert_eq!(
-        log.writes_and_reads()[2].body["preconditions"]["uid"],
+        log.writes_and_reads()[3].body["preconditions"]["uid"],
         "uid-new"
+    );
+}
+
+#[tokio::test]
+async fn a_template_removed_before_the_record_cancels_the_new_pod() {
+    let mut opted_out = web(1, false);
+    opted_out["metadata"]["annotations"] = json!({});
+    let (result, log) = pass(web(1, false), vec![stateful_pod()], Some(opted_out)).await;
+    assert!(result.is_ok(), "{result:?}");
+    let lines = log.lines();
+    assert_eq!(
+        lines[..3],
+        [
+            format!("POST {PODS}"),
+            format!("PATCH {SET_PATH}"),
+            format!("GET {SET_PATH}"),
+        ],
+        "{lines:?}"
+    );
+    assert!(lines.contains(&format!("DELETE {PODS}/web-1")), "{lines:?}");
+    assert!(
+        !lines.contains(&format!("PATCH {PODS}/web-1")),
+        "never released: {lines:?}"
     );
 }
 

@@ -1,0 +1,228 @@
+//! The cache of every pod, in two forms, so that a cluster of many pods costs little.
+//!
+//! Observe reads three kinds of pod: the pods that mount a claim (a claim in use is never
+//! deleted), the pods of StatefulSets and the pods that look like cleanup pods (their roles), and
+//! any other pod named after an ordinal (it holds the name: [`crate::scaledown::observe`] calls it
+//! foreign). Only the first two need more than a name. Most pods of a cluster are of the third kind
+//! (Deployments, Jobs, DaemonSets without claims), so those are kept as a name, a UID and a
+//! deletion mark (about 0.5 KiB each instead of about 3 KiB for a pruned `Pod`), and rebuilt as a
+//! bare `Pod` only when a pass asks for the pods named after its set.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ObjectMeta;
+use kube::core::PartialObjectMeta;
+use kube::runtime::watcher::Event;
+use kube::{Resource, ResourceExt};
+
+use crate::index::{Index, Keys};
+use crate::naming;
+
+/// A pod known by its name only: see the module documentation.
+pub type NamedPod = PartialObjectMeta<Pod>;
+
+impl Keys for NamedPod {}
+
+/// Every pod: in full (pruned by `prune_pod`) when observe reads more than its name, else by name.
+#[derive(Clone, Default)]
+pub struct PodCache {
+    full: Index<Pod>,
+    named: Index<NamedPod>,
+}
+
+/// Whether observe reads more of `pod` than its name: it mounts a claim, belongs to a
+/// StatefulSet, or looks like a cleanup pod. These marks can change on a running pod (owners and
+/// labels can be edited), so every change of a pod is sorted again.
+pub fn needs_spec(pod: &Pod) -> bool {
+    let mounts_claim = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .any(|v| v.persistent_volume_claim.is_some());
+    let of_a_set = pod
+        .owner_references()
+        .iter()
+        .any(|o| o.kind == "StatefulSet");
+    mounts_claim
+        || of_a_set
+        || pod.labels().contains_key(naming::CLEANUP_LABEL)
+        || pod.annotations().contains_key(naming::OWNER_ANNOTATION)
+}
+
+fn named(pod: &Pod) -> NamedPod {
+    let meta = pod.meta();
+    PartialObjectMeta {
+        types: None,
+        metadata: ObjectMeta {
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+            uid: meta.uid.clone(),
+            deletion_timestamp: meta.deletion_timestamp.clone(),
+            ..Default::default()
+        },
+        _phantom: Default::default(),
+    }
+}
+
+impl PodCache {
+    /// Applies one event of the pod watcher, sorting each pod into its form.
+    pub fn apply(&self, event: &Event<Pod>) {
+        match event {
+            Event::Init => {
+                self.full.apply(&Event::Init);
+                self.named.apply(&Event::Init);
+            }
+            Event::InitDone => {
+                self.full.apply(&Event::InitDone);
+                self.named.apply(&Event::InitDone);
+            }
+            Event::InitApply(pod) if needs_spec(pod) => self.full.apply(event),
+            Event::InitApply(pod) => self.named.apply(&Event::InitApply(named(pod))),
+            Event::Apply(pod) if needs_spec(pod) => {
+                self.named.remove(pod);
+                self.full.apply(event);
+            }
+            Event::Apply(pod) => {
+                self.full.remove(pod);
+                self.named.apply(&Event::Apply(named(pod)));
+            }
+            Event::Delete(pod) => {
+                self.full.remove(pod);
+                self.named.remove(pod);
+            }
+        }
+    }
+
+    /// The pods of `ns` whose names start with `prefix`: the named ones as bare pods (name, UID,
+    /// deletion mark).
+    pub fn prefixed(&self, ns: &str, prefix: &str) -> Vec<Arc<Pod>> {
+        let bare = self.named.prefixed(ns, prefix).into_iter().map(|p| {
+            Arc::new(Pod {
+                metadata: p.metadata.clone(),
+                ..Default::default()
+            })
+        });
+        self.full
+            .prefixed(ns, prefix)
+            .into_iter()
+            .chain(bare)
+            .collect()
+    }
+
+    /// The pods of `ns` that mount the claim `claim`.
+    pub fn users(&self, ns: &str, claim: &str) -> Vec<Arc<Pod>> {
+        self.full.keyed(ns, claim)
+    }
+
+    /// How many pods are held in each form: (full, named).
+    pub fn counts(&self) -> (usize, usize) {
+        (self.full.len(), self.named.len())
+    }
+
+    pub async fn wait_ready(&self) {
+        self.full.wait_ready().await;
+        self.named.wait_ready().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(value: serde_json::Value) -> Pod {
+        serde_json::from_value(value).expect("pod")
+    }
+
+    fn plain(name: &str) -> Pod {
+        pod(
+            json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("u-{name}"),
+            "labels": {"app": "x"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}),
+        )
+    }
+
+    fn mounting(name: &str, claim: &str) -> Pod {
+        pod(
+            json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("u-{name}")},
+            "spec": {"containers": [], "volumes": [
+                {"name": "v", "persistentVolumeClaim": {"claimName": claim}}]}}),
+        )
+    }
+
+    fn names(pods: &[Arc<Pod>]) -> Vec<String> {
+        pods.iter().map(|p| p.name_any()).collect()
+    }
+
+    fn listed(pods: Vec<Pod>) -> PodCache {
+        let cache = PodCache::default();
+        cache.apply(&Event::Init);
+        for p in pods {
+            cache.apply(&Event::InitApply(p));
+        }
+        cache.apply(&Event::InitDone);
+        cache
+    }
+
+    #[test]
+    fn only_pods_observe_reads_are_kept_whole() {
+        let mut cleanup = plain("web-3");
+        cleanup
+            .labels_mut()
+            .insert(naming::CLEANUP_LABEL.into(), "web-3".into());
+        let owned = pod(
+            json!({"metadata": {"name": "web-0", "namespace": "ns", "uid": "s0",
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web",
+            "uid": "set", "controller": true}]}}),
+        );
+        let cache = listed(vec![
+            plain("web-2"),
+            plain("web-frontend-7d9f-abcde"),
+            mounting("reader", "data-web-1"),
+            cleanup,
+            owned,
+        ]);
+        assert_eq!(cache.counts(), (3, 2));
+        assert_eq!(names(&cache.users("ns", "data-web-1")), ["reader"]);
+        let pods = cache.prefixed("ns", "web-");
+        assert_eq!(
+            names(&pods),
+            ["web-0", "web-3", "web-2", "web-frontend-7d9f-abcde"]
+        );
+        let bare = &pods[2];
+        assert_eq!(bare.uid().as_deref(), Some("u-web-2"));
+        assert!(bare.spec.is_none() && bare.labels().is_empty());
+    }
+
+    #[test]
+    fn a_pod_moves_between_forms_when_its_marks_change() {
+        let cache = listed(vec![plain("web-2")]);
+        let mut marked = plain("web-2");
+        marked
+            .annotations_mut()
+            .insert(naming::OWNER_ANNOTATION.into(), "web".into());
+        cache.apply(&Event::Apply(marked.clone()));
+        assert_eq!(cache.counts(), (1, 0));
+        assert!(cache.prefixed("ns", "web-")[0].spec.is_some());
+        cache.apply(&Event::Apply(plain("web-2")));
+        assert_eq!(cache.counts(), (0, 1));
+        cache.apply(&Event::Delete(plain("web-2")));
+        assert_eq!(cache.counts(), (0, 0));
+        assert!(cache.prefixed("ns", "web-").is_empty());
+    }
+
+    #[test]
+    fn a_deleting_named_pod_keeps_its_mark() {
+        let mut going = plain("web-2");
+        going.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+        );
+        let cache = listed(vec![going]);
+        assert!(
+            cache.prefixed("ns", "web-")[0]
+                .metadata
+                .deletion_timestamp
+                .is_some()
+        );
+    }
+}
