@@ -566,7 +566,7 @@ cmd_down() {
   fi
   remove_state
   log "down (logs of this run: target/cluster-logs-last/)"
-  echo "[timing] cluster-down: $((SECONDS - t0)) s"
+  echo "[timing] cluster-down: $((SECONDS - t0)) s" >&2
 }
 
 # Stops kube-apiserver (SIGTERM), keeps it down for $1 seconds (default 0), starts it again and

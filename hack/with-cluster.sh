@@ -29,7 +29,7 @@ log() { printf '[with-cluster] %s\n' "$*" >&2; }
 run_cmd() {
   local t0=$SECONDS rc=0
   "$@" || rc=$?
-  echo "[timing] e2e tests: $((SECONDS - t0)) s"
+  echo "[timing] e2e tests: $((SECONDS - t0)) s" >&2
   return "$rc"
 }
 

@@ -607,7 +607,12 @@ fn spawn_election(
 }
 
 fn joined(result: std::result::Result<Result<()>, tokio::task::JoinError>) -> Result<()> {
-    result.unwrap_or_else(|e| Err(Error::Task(format!("election task: {e}"))))
+    result.unwrap_or_else(|source| {
+        Err(Error::Joined {
+            task: "election task",
+            source,
+        })
+    })
 }
 
 /// Runs until `stop`, or until the election ends first (leadership lost): then its result.

@@ -31,9 +31,30 @@ pub enum Error {
     /// A write was about to be made by a process that is not (or no longer) the leader.
     #[error("not the leader")]
     NotLeader,
-    /// A task of the process (election, HTTP server) failed or stopped unexpectedly.
-    #[error("{0}")]
-    Task(String),
+    /// The leader election Lease could not be read, created or kept.
+    #[error("leader election Lease {lease}: {source}")]
+    Election {
+        lease: String,
+        #[source]
+        source: kube_lease_manager::LeaseManagerError,
+    },
+    /// A task of the process ended when it should have kept running.
+    #[error("{0} stopped unexpectedly")]
+    Stopped(&'static str),
+    /// A task of the process panicked or was cancelled.
+    #[error("{task}: {source}")]
+    Joined {
+        task: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// A server of the process (metrics, probes) failed while serving.
+    #[error("{what} server: {source}")]
+    Serve {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     /// The controller could not be configured (flags, kubeconfig, namespace).
     #[error("configuration: {0}")]
     Config(String),
@@ -43,6 +64,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// HTTP status codes the controller gives a meaning to.
 pub mod code {
+    pub const BAD_REQUEST: u16 = 400;
     pub const UNAUTHORIZED: u16 = 401;
     pub const FORBIDDEN: u16 = 403;
     pub const NOT_FOUND: u16 = 404;
@@ -52,6 +74,16 @@ pub mod code {
     pub const INVALID: u16 = 422;
     pub const THROTTLED: u16 = 429;
     pub const INTERNAL: u16 = 500;
+
+    /// Whether a create answered `status` means "this object, as it is, is refused": sending it
+    /// again at once would be refused again (admission, quota, validation, size; etcd's "request
+    /// too large" comes as 500). Other 5xx (unavailable, timeouts) are transient instead.
+    pub fn refuses_create(status: u16) -> bool {
+        matches!(
+            status,
+            BAD_REQUEST | FORBIDDEN | TOO_LARGE | INVALID | INTERNAL
+        )
+    }
 }
 
 /// What kind of failure an error is: a bounded set, safe as a metric label value.
@@ -114,13 +146,17 @@ impl Category {
         }
     }
 
+    fn of_api(err: &kube::Error) -> Category {
+        status_code(err).map_or(Category::Transport, Category::of_status)
+    }
+
     fn of_status(status: u16) -> Category {
         match status {
             code::UNAUTHORIZED => Category::Unauthorized,
             code::FORBIDDEN => Category::Forbidden,
             code::NOT_FOUND => Category::NotFound,
             code::CONFLICT => Category::Conflict,
-            400 | code::INVALID => Category::Invalid,
+            code::BAD_REQUEST | code::INVALID => Category::Invalid,
             code::THROTTLED => Category::Throttled,
             500..=599 => Category::ServerError,
             _ => Category::ApiError,
@@ -143,14 +179,18 @@ impl Error {
 
     pub fn category(&self) -> Category {
         match self {
-            Error::Kube { source, .. } => match status_code(source) {
-                Some(status) => Category::of_status(status),
-                None => Category::Transport,
-            },
+            Error::Kube { source, .. } => Category::of_api(source),
             Error::CacheNotReady(_) => Category::CacheNotReady,
             Error::Contended(_) => Category::Contended,
             Error::Encode { .. } => Category::Internal,
-            Error::Task(_) => Category::Task,
+            Error::Election {
+                source: kube_lease_manager::LeaseManagerError::KubeError(source),
+                ..
+            } => Category::of_api(source),
+            Error::Election { .. }
+            | Error::Stopped(_)
+            | Error::Joined { .. }
+            | Error::Serve { .. } => Category::Task,
             Error::Config(_) => Category::Config,
             Error::LeadershipLost | Error::NotLeader => Category::NotLeader,
         }
@@ -192,7 +232,7 @@ mod tests {
             (api(418), "api_error"),
             (Error::Contended("web".into()), "contended"),
             (Error::NotLeader, "not_leader"),
-            (Error::Task("election task panicked".into()), "task"),
+            (Error::Stopped("the lease manager"), "task"),
             (Error::CacheNotReady("pod"), "cache_not_ready"),
         ];
         for (err, want) in cases {

@@ -76,7 +76,7 @@ pub async fn serve(
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
-        .map_err(|e| Error::Config(format!("{what} server: {e}")))
+        .map_err(|source| Error::Serve { what, source })
 }
 
 async fn readyz(State(probe): State<Probe>) -> impl IntoResponse {

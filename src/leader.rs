@@ -119,11 +119,9 @@ pub async fn run(
     // Building reads (or creates) the Lease: an API call that may never answer.
     let manager = tokio::select! {
         _ = &mut shutdown => return Ok(()),
-        built = build => built.map_err(|e| {
-            Error::Config(format!(
-                "leader election Lease {}/{}: {e}",
-                config.namespace, config.lease_name
-            ))
+        built = build => built.map_err(|source| Error::Election {
+            lease: format!("{}/{}", config.namespace, config.lease_name),
+            source,
         })?,
     };
     let (mut manager_says, task) = manager.watch().await;
@@ -137,7 +135,7 @@ pub async fn run(
             _ = &mut shutdown => break Ok(()),
             changed = manager_says.changed() => {
                 if changed.is_err() {
-                    break Err(Error::Config("the lease manager stopped".into()));
+                    break Err(Error::Stopped("the lease manager"));
                 }
             }
             _ = tick.tick() => {}

@@ -111,6 +111,13 @@ impl Default for Metrics {
 impl Metrics {
     /// Registers every family under the prefix.
     fn register(&self, registry: &mut Registry) {
+        self.register_cleanups(registry);
+        self.register_controller(registry);
+        self.register_companions(registry);
+    }
+
+    /// The scale-down controller's cleanups and claims.
+    fn register_cleanups(&self, registry: &mut Registry) {
         registry.register(
             "cleanups_started",
             "Cleanup pods created",
@@ -142,6 +149,20 @@ impl Metrics {
             self.cleanups_running.clone(),
         );
         registry.register(
+            "cleanup_duration_seconds",
+            "Time from a cleanup pod's creation to the completion of its cleanup",
+            self.cleanup_duration.clone(),
+        );
+        registry.register(
+            "orphaned_claims",
+            "Claims of StatefulSets without the cleanup annotation whose ordinal is no longer wanted",
+            self.orphaned_claims.clone(),
+        );
+    }
+
+    /// Reconciles, leadership, Events and API requests, shared by every controller.
+    fn register_controller(&self, registry: &mut Registry) {
+        registry.register(
             "reconciles",
             "StatefulSet reconciles",
             self.reconciles.clone(),
@@ -157,19 +178,9 @@ impl Metrics {
             self.reconcile_duration.clone(),
         );
         registry.register(
-            "cleanup_duration_seconds",
-            "Time from a cleanup pod's creation to the completion of its cleanup",
-            self.cleanup_duration.clone(),
-        );
-        registry.register(
             "leader",
             "1 while this replica may write (leader, or no election)",
             self.leader.clone(),
-        );
-        registry.register(
-            "orphaned_claims",
-            "Claims of StatefulSets without the cleanup annotation whose ordinal is no longer wanted",
-            self.orphaned_claims.clone(),
         );
         registry.register(
             "events",
@@ -181,6 +192,10 @@ impl Metrics {
             "Kubernetes API requests sent, by verb, resource and HTTP status code",
             crate::api_metrics::requests().clone(),
         );
+    }
+
+    /// The companions: the PV releaser.
+    fn register_companions(&self, registry: &mut Registry) {
         registry.register(
             "pv_released",
             "PersistentVolumes the PV releaser made Available again (--pv-releaser-id)",

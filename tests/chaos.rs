@@ -195,7 +195,13 @@ async fn run(options: &Options) -> (usize, usize) {
         }
         stuck = if settled { 0 } else { stuck + 1 };
         if stuck == 3 {
-            println!("chaos: three rounds in a row did not settle; stopping early");
+            // Something that never settles is a stall, the failure chaos looks for: count it.
+            checker.report(&[Violation {
+                invariant: 3,
+                round: round.to_string(),
+                at: start.elapsed(),
+                text: "three rounds in a row did not settle; stopping early".into(),
+            }]);
             break;
         }
     }

@@ -26,10 +26,9 @@ use support::{Cluster, wait_for, wait_for_gone, wait_for_some};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// The bound asserted for acting again after an API server restart. The target is 10 s; the
-/// measured numbers are reported (target/e2e-measurements.txt), this only catches a controller that
-/// does not come back at all in reasonable time.
-const RECOVERY_BOUND: Duration = Duration::from_secs(30);
+/// Acting again after an API server restart must take at most this (the requirement of the
+/// trust issue; the measured numbers, 0.6-1.5 s, go to target/e2e-measurements.txt).
+const RECOVERY_BOUND: Duration = Duration::from_secs(10);
 /// SIGTERM must end the process within this, in every state (a requirement, not a speed goal).
 const SIGTERM_BOUND: Duration = Duration::from_secs(1);
 /// Cleanup pod annotation: which attempt of its ordinal's cleanup the pod is.

@@ -46,19 +46,30 @@ async fn status_json(env: &Env) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn status_shows_the_cleanup_in_flight_and_what_comes_next() {
-    let env = Env::new("plugin-status", 3, &[]).await;
+    let env = Env::new("plugin-status", 5, &[]).await;
     let mut spec = SetSpec::new("web", 3, &env.class);
     spec.template = Some(template(json!({OUTCOME_LABEL: "Running"}), json!({}), ""));
     env.create_running(&spec).await;
+    // A second set whose template is broken: its last Warning shows in the wide view.
+    let mut broken = SetSpec::new("db", 2, &env.class);
+    broken.template = Some("{not json".into());
+    env.create_running(&broken).await;
+    env.scale("db", 1).await;
     env.scale("web", 1).await;
+    env.wait_event("db", "CleanupTemplateInvalid").await;
     env.wait_cleanup_pod("web-2").await;
     wait_for_pod_phase_running(&env, "web-2").await;
 
     let ns = env.ns.name.as_str();
-    let (ok, table, err) = kubectl_scaledown(&env.cluster, &["status", "-n", ns]).await;
+    // The positional SET: only that set, though `db` is annotated too.
+    let (ok, table, err) = kubectl_scaledown(&env.cluster, &["status", "-n", ns, "web"]).await;
     assert!(ok, "status failed: {err}");
     let lines: Vec<&str> = table.lines().collect();
-    assert_eq!(lines.len(), 2, "a header and one set:\n{table}");
+    assert_eq!(
+        lines.len(),
+        2,
+        "a header and the one set asked for:\n{table}"
+    );
     assert!(lines[0].starts_with("NAMESPACE"), "{table}");
     let cells: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!(
@@ -68,8 +79,14 @@ async fn status_shows_the_cleanup_in_flight_and_what_comes_next() {
     );
 
     let status = status_json(&env).await;
-    let web = &status[0];
-    assert_eq!(web["name"], "web");
+    let names: Vec<&str> = status
+        .as_array()
+        .expect("a list of sets")
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(names, ["db", "web"], "both annotated sets without SET");
+    let web = &status[1];
     assert_eq!(web["wanted"], "0");
     assert_eq!(web["orphaned_claims"], json!(["data-web-1", "data-web-2"]));
     assert_eq!(web["cleanups"][0]["phase"], "Running");
@@ -88,6 +105,19 @@ async fn status_shows_the_cleanup_in_flight_and_what_comes_next() {
             .next()
             .is_some_and(|h| h.ends_with("LAST-WARNING")),
         "{all}"
+    );
+    assert!(
+        all.lines()
+            .any(|l| l.split_whitespace().take(2).eq([ns, "db"])
+                && l.contains("CleanupTemplateInvalid: ")),
+        "the last Warning of db in the wide view:\n{all}"
+    );
+    assert_eq!(
+        status[0]["last_warning"]
+            .as_str()
+            .map(|w| w.starts_with("CleanupTemplateInvalid: ")),
+        Some(true),
+        "{status:#}"
     );
 }
 

@@ -14,6 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
     Namespace, PersistentVolumeClaim, Pod, ResourceQuota, ServiceAccount,
@@ -626,6 +629,92 @@ async fn quota_refusal_is_reported_and_given_up() {
         "exceeded quota",
     )
     .await;
+}
+
+/// An admission policy that refuses cleanup pods in `env`'s namespace with 403, as a webhook would
+/// (a ValidatingAdmissionPolicy: the API server's own webhook-free admission, so the test needs no
+/// TLS server). Cluster-scoped: named after the namespace and deleted by the returned guard.
+async fn refuse_cleanup_pods_by_policy(env: &Env) -> PolicyGuard {
+    let name = format!("refuse-cleanup-{}", env.ns.name);
+    let policy: ValidatingAdmissionPolicy = from_json(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["CREATE"], "resources": ["pods"]}]},
+            "validations": [{
+                "expression": "!has(object.metadata.labels) || !('scaledown-pod' in object.metadata.labels)",
+                "message": "cleanup pods are refused by the test's admission policy",
+                "reason": "Forbidden"
+            }]
+        }
+    }));
+    let binding: ValidatingAdmissionPolicyBinding = from_json(json!({
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels":
+                {"kubernetes.io/metadata.name": env.ns.name}}}}
+    }));
+    let client = env.ns.client();
+    let post = PostParams::default();
+    Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .create(&post, &policy)
+        .await
+        .expect("create the admission policy");
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .create(&post, &binding)
+        .await
+        .expect("bind the admission policy");
+    // The API server loads policies from its own informer: wait until a look-alike is refused.
+    let probe: Pod = from_json(json!({
+        "metadata": {"name": "policy-probe", "labels": {"scaledown-pod": "probe"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}
+    }));
+    let pods: Api<Pod> = env.ns.api();
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait_for("the admission policy to refuse pods", LONG, || async {
+        matches!(pods.create(&dry_run, &probe).await, Err(kube::Error::Api(s)) if s.code == 403)
+    })
+    .await;
+    PolicyGuard { client, name }
+}
+
+/// Deletes the cluster-scoped admission policy and its binding of one test.
+struct PolicyGuard {
+    client: kube::Client,
+    name: String,
+}
+
+impl PolicyGuard {
+    async fn remove(self) {
+        let dp = DeleteParams::default();
+        let _ = Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone())
+            .delete(&self.name, &dp)
+            .await;
+        let _ = Api::<ValidatingAdmissionPolicy>::all(self.client)
+            .delete(&self.name, &dp)
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn admission_policy_refusal_is_reported_and_given_up() {
+    let guard = Arc::new(tokio::sync::Mutex::new(None));
+    let slot = guard.clone();
+    refused_cleanup_pod(
+        "refused-policy",
+        async move |env: &Env| {
+            *slot.lock().await = Some(refuse_cleanup_pods_by_policy(env).await);
+        },
+        "refused by the test's admission policy",
+    )
+    .await;
+    if let Some(policy) = guard.lock().await.take() {
+        policy.remove().await;
+    }
 }
 
 // === 6. distinct facts are distinct Events ===

@@ -131,12 +131,10 @@ impl Releaser {
                 match api.create(&PostParams::default(), &object).await {
                     Ok(_) => None,
                     Err(e) if is_status(&e, &[code::CONFLICT]) => None,
-                    Err(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 413 | 422 | 500) => {
-                        Some(format!(
-                            "the API server refused the scrub pod ({}): {}",
-                            s.code, s.message
-                        ))
-                    }
+                    Err(kube::Error::Api(s)) if code::refuses_create(s.code) => Some(format!(
+                        "the API server refused the scrub pod ({}): {}",
+                        s.code, s.message
+                    )),
                     Err(e) => return Err(Error::kube("create scrub pod", &facts.name)(e)),
                 }
             }

@@ -337,10 +337,12 @@ impl Actor {
         match api.create(&params, &object).await {
             Ok(created) => Ok(Creation::Created(created.metadata.uid.unwrap_or_default())),
             Err(e) if is_status(&e, &[code::CONFLICT]) => Ok(Creation::Exists),
-            Err(kube::Error::Api(status)) if refused(status.code) => Ok(Creation::Refused {
-                code: status.code,
-                message: status.message.clone(),
-            }),
+            Err(kube::Error::Api(status)) if code::refuses_create(status.code) => {
+                Ok(Creation::Refused {
+                    code: status.code,
+                    message: status.message.clone(),
+                })
+            }
             Err(e) => Err(Error::kube("create cleanup pod", name)(e)),
         }
     }
@@ -532,15 +534,6 @@ impl Actor {
             warn!(set = %set.name, namespace = %set.namespace, reason = %event.reason, error = %e, "could not publish event");
         }
     }
-}
-
-/// Status codes of a create that mean "this pod, as it is, is refused": retrying it at once would
-/// be refused again. 5xx other than 500 (unavailable, timeouts) are transient errors instead.
-fn refused(status: u16) -> bool {
-    matches!(
-        status,
-        400 | code::FORBIDDEN | code::TOO_LARGE | code::INVALID | code::INTERNAL
-    )
 }
 
 /// Deletes `name` if it still has `uid`.

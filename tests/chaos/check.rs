@@ -1,9 +1,10 @@
 //! The invariant checker over the recording (pure: records in, violations out).
 //!
 //! (1) No claim of a wanted ordinal is deleted: when its deletion begins, the ordinal lies outside
-//!     `[0, replicas)` of its set, or the set is being deleted. One exception is the documented
-//!     scale-up during a cleanup: a genuine cleanup pod created while the ordinal was orphaned,
-//!     listing this claim, held the name until the deletion.
+//!     `[0, replicas)` of its set, or the set is being deleted. The one exception is the race the
+//!     safety contract allows: some state of the set between a genuine cleanup pod's Succeeded and
+//!     the deletion showed the ordinal orphaned (the controller's read), and a scale-up came after.
+//!     A scale-up while the cleanup ran keeps the claims.
 //! (2) No claim is deleted unless a genuine (not forged) cleanup pod of its ordinal, listing this
 //!     claim's UID, was seen Succeeded before.
 //! (3) and (4) are checked on the live cluster by the runner (nothing left after quiescing; every
@@ -180,8 +181,7 @@ fn build<'a>(records: &'a [Obs], forged: &HashSet<String>) -> History<'a> {
 fn states_in(states: &[SetState], lo: u64, hi: u64) -> Vec<SetState> {
     let mut out: Vec<SetState> = states
         .iter()
-        .filter(|s| s.rv <= lo)
-        .last()
+        .rfind(|s| s.rv <= lo)
         .copied()
         .into_iter()
         .collect();
@@ -269,18 +269,22 @@ fn check_deletion(h: &History, d: &Deletion, layout: &Layout, round: &str) -> Ve
     };
 
     let always_wanted = !at_deletion.is_empty() && at_deletion.iter().all(|s| s.wants(d.ordinal));
-    let scaled_up_during_cleanup = pods.iter().filter(genuine_for_claim).any(|p| {
-        p.created.1 < hi
-            && p.gone.is_none_or(|(_, gone)| gone > lo)
-            && states_in(states, p.created.0, p.created.1)
-                .iter()
-                .any(|s| !s.wants(d.ordinal))
+    // The one race the contract allows: the read after the pod Succeeded showed the ordinal
+    // orphaned, and a scale-up was saved between that read and the delete.
+    let orphaned_after_success = pods.iter().filter(genuine_for_claim).any(|p| {
+        let done = p.succeeded.or(p.vanished_unseen.then_some(p.last_rv));
+        done.is_some_and(|done| {
+            done < hi
+                && states_in(states, done, hi)
+                    .iter()
+                    .any(|s| !s.wants(d.ordinal))
+        })
     });
-    if always_wanted && !scaled_up_during_cleanup {
+    if always_wanted && !orphaned_after_success {
         out.push(violation(
             1,
             format!(
-                "ordinal {} of {} was wanted ({}), and no genuine cleanup pod created while it was orphaned held the name",
+                "ordinal {} of {} was wanted ({}), and no state after a genuine cleanup pod Succeeded showed it orphaned",
                 d.ordinal,
                 def.name,
                 describe(&at_deletion)
@@ -444,12 +448,24 @@ fn self_test_cases() -> Vec<Case> {
             vec![],
         ),
         (
-            "scale-up during a genuine cleanup",
+            "scale-up during a genuine cleanup, claim deleted anyway",
             vec![
                 set(15, 2, false),
                 pod("g", 2, 20, "Running"),
                 set(22, 3, false),
                 pod("g", 2, 25, "Succeeded"),
+                claim_deleted(2, 29, 30),
+            ],
+            vec![],
+            vec![1],
+        ),
+        (
+            "scale-up after the Succeeded pod was confirmed, before the delete",
+            vec![
+                set(15, 2, false),
+                pod("g", 2, 20, "Running"),
+                pod("g", 2, 25, "Succeeded"),
+                set(28, 3, false),
                 claim_deleted(2, 29, 30),
             ],
             vec![],

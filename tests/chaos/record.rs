@@ -351,10 +351,10 @@ impl StreamState {
 /// (any time at all) if the API server does not answer for a while.
 async fn fresh_rv<K: Watched>(api: &Api<K>) -> u64 {
     for _ in 0..50 {
-        if let Ok(list) = api.list_metadata(&ListParams::default().limit(1)).await {
-            if let Some(rv) = list.metadata.resource_version.and_then(|v| v.parse().ok()) {
-                return rv;
-            }
+        if let Ok(list) = api.list_metadata(&ListParams::default().limit(1)).await
+            && let Some(rv) = list.metadata.resource_version.and_then(|v| v.parse().ok())
+        {
+            return rv;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

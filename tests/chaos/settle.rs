@@ -176,13 +176,12 @@ impl World {
             .filter(|p| looks_like_cleanup(p) && phase(p) == "Failed")
         {
             let ns = pod.namespace().unwrap_or_default();
-            if let Some((set, ordinal)) = self.owner_of(&ns, &pod.name_any(), false) {
-                if (ordinal as i32) < self.replicas[set]
-                    && pod.metadata.deletion_timestamp.is_none()
-                {
-                    self.delete_pod(set, &pod.name_any(), pod.uid().as_deref())
-                        .await;
-                }
+            if let Some((set, ordinal)) = self.owner_of(&ns, &pod.name_any(), false)
+                && (ordinal as i32) < self.replicas[set]
+                && pod.metadata.deletion_timestamp.is_none()
+            {
+                self.delete_pod(set, &pod.name_any(), pod.uid().as_deref())
+                    .await;
             }
         }
     }
