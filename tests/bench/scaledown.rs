@@ -339,10 +339,7 @@ impl Phase {
 }
 
 /// A recorded change, with its time relative to `origin` in ms (negative if before).
-pub fn change<K: kube::Resource>(s: &Seen<K>, origin: Instant) -> Change
-where
-    K: 'static,
-{
+pub fn change<K: kube::Resource + 'static>(s: &Seen<K>, origin: Instant) -> Change {
     let at_ms = if s.at >= origin {
         s.at.duration_since(origin).as_secs_f64() * 1000.0
     } else {
