@@ -1,6 +1,6 @@
-//! ACT: the writes for pod-bound claims. The ownerReference is added by a merge patch guarded by
-//! the claim's resourceVersion (a change in between is a 409, and the next pass decides again); the
-//! deletion carries the claim's UID as a precondition.
+//! ACT: the writes for pod-bound claims. OwnerReferences are added by a JSON patch whose test ops
+//! check the claim's UID and resourceVersion (a change in between fails the test, and the next pass
+//! decides again on the new state); the deletion carries both as preconditions.
 
 use std::sync::Arc;
 
@@ -11,7 +11,8 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use super::observe::ClaimFacts;
+use super::decide::names;
+use super::observe::{ClaimFacts, PodRef};
 use crate::error::{Error, Result, code, is_status};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
@@ -56,29 +57,17 @@ impl Binder {
         Ok(!self.dry_run)
     }
 
-    /// Adds an ownerReference to pod `pod` (`uid`) to the claim.
-    pub async fn attach(&self, claim: &ClaimFacts, pod: &str, uid: &str) -> Result<()> {
-        if !self.may_write(claim, &format!("bind claim {} to pod {pod}", claim.name))? {
+    /// Adds ownerReferences to `pods` to the claim (never controller ones, blockOwnerDeletion
+    /// false), so the garbage collector deletes it only once all of them are gone.
+    pub async fn attach(&self, claim: &ClaimFacts, pods: &[PodRef]) -> Result<()> {
+        let who = names(pods);
+        if !self.may_write(claim, &format!("bind claim {} to pods {who}", claim.name))? {
             return Ok(());
         }
-        let reference = json!({"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid});
-        // Guarded by the claim's UID and resourceVersion (a failed test is a 422); the claim's other
-        // ownerReferences stay as they are.
-        let add = if claim.owners.is_empty() {
-            json!({"op": "add", "path": "/metadata/ownerReferences", "value": [reference]})
-        } else {
-            json!({"op": "add", "path": "/metadata/ownerReferences/-", "value": reference})
-        };
-        let ops = json!([
-            {"op": "test", "path": "/metadata/uid", "value": claim.uid},
-            {"op": "test", "path": "/metadata/resourceVersion", "value": claim.resource_version},
-            add,
-        ]);
-        let patch: json_patch::Patch =
-            serde_json::from_value(ops).map_err(|source| Error::Encode {
-                what: "owner patch",
-                source,
-            })?;
+        let patch = owner_patch(claim, pods).map_err(|source| Error::Encode {
+            what: "owner patch",
+            source,
+        })?;
         match self
             .api(claim)
             .patch(
@@ -90,7 +79,15 @@ impl Binder {
         {
             Ok(_) => {
                 self.metrics.event(Reason::BoundToPod);
-                let note = format!("claim {} is deleted with pod {pod} (uid {uid})", claim.name);
+                let uids: Vec<String> = pods
+                    .iter()
+                    .map(|p| format!("{} (uid {})", p.name, p.uid))
+                    .collect();
+                let note = format!(
+                    "claim {} is deleted once every pod that owns it is gone; owners added: {}",
+                    claim.name,
+                    uids.join(", ")
+                );
                 info!(claim = %claim.name, namespace = %claim.namespace, "{note}");
                 self.publish(claim, Reason::BoundToPod, note).await;
                 Ok(())
@@ -162,5 +159,113 @@ impl Binder {
         if let Err(e) = self.recorder.publish(&event, &regarding).await {
             warn!(claim = %claim.name, reason = %reason, error = %e, "could not publish event");
         }
+    }
+}
+
+/// The JSON patch that adds ownerReferences to `pods`: it first tests the claim's UID and
+/// resourceVersion, so it applies only to the state the decision was made on; the claim's other
+/// ownerReferences stay as they are.
+pub fn owner_patch(
+    claim: &ClaimFacts,
+    pods: &[PodRef],
+) -> std::result::Result<json_patch::Patch, serde_json::Error> {
+    let reference = |p: &PodRef| {
+        json!({"apiVersion": "v1", "kind": "Pod", "name": p.name, "uid": p.uid,
+               "blockOwnerDeletion": false})
+    };
+    let mut ops = vec![
+        json!({"op": "test", "path": "/metadata/uid", "value": claim.uid}),
+        json!({"op": "test", "path": "/metadata/resourceVersion", "value": claim.resource_version}),
+    ];
+    if claim.owners.is_empty() {
+        let all: Vec<_> = pods.iter().map(reference).collect();
+        ops.push(json!({"op": "add", "path": "/metadata/ownerReferences", "value": all}));
+    } else {
+        for p in pods {
+            ops.push(
+                json!({"op": "add", "path": "/metadata/ownerReferences/-", "value": reference(p)}),
+            );
+        }
+    }
+    serde_json::from_value(serde_json::Value::Array(ops))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(owners: Vec<(String, String, String)>) -> ClaimFacts {
+        ClaimFacts {
+            namespace: "ns".into(),
+            name: "cache".into(),
+            uid: "uid-claim".into(),
+            resource_version: "5".into(),
+            pod: Some("runner".into()),
+            created: None,
+            deleting: false,
+            owners,
+        }
+    }
+
+    fn pods(names: &[&str]) -> Vec<PodRef> {
+        names
+            .iter()
+            .map(|n| PodRef {
+                name: n.to_string(),
+                uid: format!("uid-{n}"),
+            })
+            .collect()
+    }
+
+    fn live(owners: serde_json::Value, rv: &str) -> serde_json::Value {
+        let mut meta = json!({"name": "cache", "uid": "uid-claim", "resourceVersion": rv});
+        if !owners.is_null() {
+            meta["ownerReferences"] = owners;
+        }
+        json!({"metadata": meta})
+    }
+
+    fn owner_uids(doc: &serde_json::Value) -> Vec<String> {
+        doc["metadata"]["ownerReferences"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| o["uid"].as_str().unwrap_or_default().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn the_owner_patch_adds_every_pod_to_the_state_it_was_decided_on() {
+        let patch = owner_patch(&claim(Vec::new()), &pods(&["runner", "reader"])).expect("patch");
+        let mut doc = live(serde_json::Value::Null, "5");
+        json_patch::patch(&mut doc, &patch).expect("applies");
+        assert_eq!(owner_uids(&doc), ["uid-runner", "uid-reader"]);
+        let reader = &doc["metadata"]["ownerReferences"][1];
+        assert_eq!(reader["blockOwnerDeletion"], json!(false));
+        assert!(reader.get("controller").is_none(), "never a controller");
+
+        // Added to the owners there are, which stay.
+        let owners = vec![("Pod".into(), "runner".into(), "uid-runner".into())];
+        let patch = owner_patch(&claim(owners), &pods(&["late"])).expect("patch");
+        let mut doc = live(
+            json!([{"kind": "Pod", "name": "runner", "uid": "uid-runner"}]),
+            "5",
+        );
+        json_patch::patch(&mut doc, &patch).expect("applies");
+        assert_eq!(owner_uids(&doc), ["uid-runner", "uid-late"]);
+    }
+
+    #[test]
+    fn the_owner_patch_fails_on_a_changed_or_replaced_claim() {
+        let patch = owner_patch(&claim(Vec::new()), &pods(&["runner"])).expect("patch");
+        let mut changed = live(serde_json::Value::Null, "6");
+        assert!(
+            json_patch::patch(&mut changed, &patch).is_err(),
+            "resourceVersion"
+        );
+        let mut replaced = live(serde_json::Value::Null, "5");
+        replaced["metadata"]["uid"] = json!("uid-new");
+        assert!(json_patch::patch(&mut replaced, &patch).is_err(), "uid");
+        assert_eq!(owner_uids(&replaced), Vec::<String>::new());
     }
 }

@@ -1,29 +1,31 @@
 //! DECIDE: what to do about one claim bound to a pod's life. Pure; the clock is passed in.
 //!
-//! The binding is made durable as an ownerReference from the claim to the pod's UID, so the
-//! garbage collector deletes the claim once that pod is gone, even while this controller is down.
-//! The controller attaches it as soon as it sees the pod. A claim whose pod is gone before it was
-//! attached (the pod never seen, or the controller was down for its whole life) is deleted once the
-//! claim is older than the grace period and no other pod mounts it.
+//! The binding is made durable as ownerReferences from the claim to pods' UIDs, so the garbage
+//! collector deletes the claim once every owner is gone, even while this controller is down. The
+//! controller attaches the named pod as soon as it sees it, and with it every other pod that mounts
+//! the claim and has not finished; while the claim is bound, each pod that starts to mount it is
+//! added too. So a claim another live pod mounts is never marked for deletion: that pod is one of
+//! its owners. A claim whose pod is gone before it was attached (the pod never seen, or the
+//! controller was down for its whole life) is deleted once the claim is older than the grace
+//! period and no pod mounts it.
 
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::observe::{ClaimFacts, PodRead};
+use super::observe::{ClaimFacts, NamedPod, PodRead, PodRef};
 use crate::reason::Reason;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Plan {
     Skip,
-    /// Read the named pod (and the pods mounting the claim) live, then decide again.
-    ReadPod,
-    /// Add an ownerReference to the pod with this UID (guarded by the claim's resourceVersion).
-    Attach {
-        pod: String,
-        uid: String,
-    },
-    /// Delete the claim (UID precondition): its pod is gone and it was never attached.
+    /// Read the namespace's pods and StatefulSets live, then decide again.
+    ReadPods,
+    /// Add ownerReferences to these pods, in one JSON patch that tests the claim's UID and
+    /// resourceVersion.
+    Attach(Vec<PodRef>),
+    /// Delete the claim (UID and resourceVersion preconditions): its pod is gone, it was never
+    /// attached and no pod mounts it.
     Delete,
     /// Look again after this long (the grace period is not over).
     Wait(Duration),
@@ -35,8 +37,7 @@ pub fn decide(claim: &ClaimFacts, read: &PodRead, now: Timestamp, grace: Duratio
     let Some(pod) = claim.pod.as_deref() else {
         return Plan::Skip;
     };
-    if claim.deleting || claim.owned_by_pod(pod).is_some() {
-        // Deleting already, or the garbage collector has it: nothing left for us.
+    if claim.deleting {
         return Plan::Skip;
     }
     if pod.is_empty() {
@@ -54,28 +55,49 @@ pub fn decide(claim: &ClaimFacts, read: &PodRead, now: Timestamp, grace: Duratio
         );
         return Plan::Refuse(Reason::PodBindingRefused, note);
     }
-    match read {
-        PodRead::NotRead => Plan::ReadPod,
-        PodRead::Exists { stateful: true, .. } => Plan::Refuse(
+    let PodRead::Read {
+        named,
+        users,
+        statefulset,
+    } = read
+    else {
+        return Plan::ReadPods;
+    };
+    if let Some(set) = statefulset {
+        let note = format!(
+            "claim {} is named as a claim of StatefulSet {set} (<template>-<set>-<ordinal>), whose claims are the scale-down controller's; not bound to pod {pod}",
+            claim.name
+        );
+        return Plan::Refuse(Reason::PodBindingRefused, note);
+    }
+    if claim.bound() {
+        // The garbage collector has it; keep every pod that mounts it among its owners.
+        return attach_missing(claim, Vec::new(), users);
+    }
+    match named {
+        Some(NamedPod { stateful: true, .. }) => Plan::Refuse(
             Reason::PodBindingRefused,
             format!(
                 "pod {pod} belongs to a StatefulSet, whose claims are the scale-down controller's; claim {} is not bound to it",
                 claim.name
             ),
         ),
-        PodRead::Exists { uid, .. } => Plan::Attach {
-            pod: pod.to_string(),
-            uid: uid.clone(),
-        },
-        PodRead::Gone { users } if !users.is_empty() => Plan::Refuse(
+        Some(NamedPod { uid, .. }) => {
+            let first = PodRef {
+                name: pod.to_string(),
+                uid: uid.clone(),
+            };
+            attach_missing(claim, vec![first], users)
+        }
+        None if !users.is_empty() => Plan::Refuse(
             Reason::ClaimInUse,
             format!(
                 "claim {} outlived pod {pod} but is mounted by {}; kept",
                 claim.name,
-                users.join(", ")
+                names(users)
             ),
         ),
-        PodRead::Gone { .. } => {
+        None => {
             let age = claim.created.map_or(Duration::MAX, |c| {
                 now.duration_since(c).try_into().unwrap_or(Duration::ZERO)
             });
@@ -86,6 +108,29 @@ pub fn decide(claim: &ClaimFacts, read: &PodRead, now: Timestamp, grace: Duratio
             }
         }
     }
+}
+
+/// `first`, then the `users` that are neither owners of the claim already nor in `first`.
+fn attach_missing(claim: &ClaimFacts, mut first: Vec<PodRef>, users: &[PodRef]) -> Plan {
+    for user in users {
+        if !claim.owned_by(&user.uid) && !first.iter().any(|p| p.uid == user.uid) {
+            first.push(user.clone());
+        }
+    }
+    first.retain(|p| !claim.owned_by(&p.uid));
+    if first.is_empty() {
+        Plan::Skip
+    } else {
+        Plan::Attach(first)
+    }
+}
+
+/// "a, b" for notes.
+pub fn names(pods: &[PodRef]) -> String {
+    pods.iter()
+        .map(|p| p.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]

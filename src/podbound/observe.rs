@@ -1,9 +1,13 @@
-//! OBSERVE: plain facts about one opted-in claim and the pod it names.
+//! OBSERVE: plain facts about one opted-in claim, the pod it names, the pods that mount it and the
+//! StatefulSets of its namespace.
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::core::PartialObjectMeta;
+
+use crate::naming::claim_ordinal;
 
 /// Claim annotation naming the pod (same namespace) whose life the claim shares.
 pub const BOUND_TO_POD_ANNOTATION: &str = "statefulsets.kubernetes.io/bound-to-pod";
@@ -24,28 +28,46 @@ pub struct ClaimFacts {
 }
 
 impl ClaimFacts {
-    /// Whether the claim already belongs to the pod `name` with `uid`.
-    pub fn owned_by_pod(&self, name: &str) -> Option<&str> {
+    /// Whether the claim is bound: it has an ownerReference to some pod (ours, or one its creator
+    /// set), so the garbage collector deletes it once every owner is gone.
+    pub fn bound(&self) -> bool {
+        self.owners.iter().any(|(kind, _, _)| kind == "Pod")
+    }
+
+    /// Whether the pod with `uid` is one of the claim's owners.
+    pub fn owned_by(&self, uid: &str) -> bool {
         self.owners
             .iter()
-            .find(|(kind, n, _)| kind == "Pod" && n == name)
-            .map(|(_, _, uid)| uid.as_str())
+            .any(|(kind, _, u)| kind == "Pod" && u == uid)
     }
 }
 
-/// What a live read of the named pod, and of the pods mounting the claim, showed.
+/// A pod by name and UID (an owner to add).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRef {
+    pub name: String,
+    pub uid: String,
+}
+
+/// The pod the annotation names, as a live read found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedPod {
+    pub uid: String,
+    /// Owned by a StatefulSet: its claims are the scale-down controller's business.
+    pub stateful: bool,
+}
+
+/// What a live read of the claim's namespace showed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PodRead {
     NotRead,
-    /// The named pod exists.
-    Exists {
-        uid: String,
-        /// Owned by a StatefulSet: its claims are the scale-down controller's business.
-        stateful: bool,
-    },
-    /// No pod of that name; `users`: other pods that mount the claim and have not finished.
-    Gone {
-        users: Vec<String>,
+    Read {
+        /// The pod of the annotated name, if one exists.
+        named: Option<NamedPod>,
+        /// Pods that mount the claim and have not finished (the named one too, if it does).
+        users: Vec<PodRef>,
+        /// The StatefulSet whose volumeClaimTemplate gives a claim this name, if any.
+        statefulset: Option<String>,
     },
 }
 
@@ -69,36 +91,134 @@ pub fn observe(claim: &PartialObjectMeta<PersistentVolumeClaim>) -> ClaimFacts {
     }
 }
 
-/// The read of pod `name` (if found) and of the pods of its namespace that mount `claim`.
-pub fn read_pods(name: &str, claim: &str, pods: &[Pod]) -> PodRead {
-    if let Some(pod) = pods.iter().find(|p| p.name_any() == name) {
-        let stateful = pod
-            .owner_references()
-            .iter()
-            .any(|o| o.kind == "StatefulSet" && o.controller == Some(true));
-        return PodRead::Exists {
+/// Whether `pod` has a volume of claim `claim`.
+pub fn mounts(pod: &Pod, claim: &str) -> bool {
+    claims_of(pod).any(|c| c == claim)
+}
+
+/// The claims `pod` mounts.
+pub fn claims_of(pod: &Pod) -> impl Iterator<Item = &str> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .filter_map(|v| v.persistent_volume_claim.as_ref())
+        .map(|c| c.claim_name.as_str())
+}
+
+/// Whether the pod has finished (its containers will not run again).
+pub fn finished(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    matches!(phase, Some("Succeeded" | "Failed"))
+}
+
+/// The StatefulSet of `sets` that makes a claim named `claim` from one of its volumeClaimTemplates
+/// (`<template>-<set>-<ordinal>`, any ordinal: a claim the set left behind is still its own).
+pub fn statefulset_of(claim: &str, sets: &[StatefulSet]) -> Option<String> {
+    sets.iter()
+        .find(|set| {
+            let name = set.name_any();
+            set.spec
+                .iter()
+                .flat_map(|s| s.volume_claim_templates.iter().flatten())
+                .any(|t| claim_ordinal(claim, &t.name_any(), &name).is_some())
+        })
+        .map(ResourceExt::name_any)
+}
+
+/// The read of pod `name`, of the pods that mount `claim`, and of the StatefulSets of the namespace.
+pub fn read_pods(name: &str, claim: &str, pods: &[Pod], sets: &[StatefulSet]) -> PodRead {
+    let named = pods
+        .iter()
+        .find(|p| p.name_any() == name)
+        .map(|pod| NamedPod {
             uid: pod.uid().unwrap_or_default(),
-            stateful,
-        };
-    }
-    let finished = |p: &Pod| {
-        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-        matches!(phase, Some("Succeeded" | "Failed"))
-    };
+            stateful: pod
+                .owner_references()
+                .iter()
+                .any(|o| o.kind == "StatefulSet" && o.controller == Some(true)),
+        });
     let users = pods
         .iter()
-        .filter(|p| !finished(p))
-        .filter(|p| {
-            p.spec
-                .iter()
-                .flat_map(|s| s.volumes.iter().flatten())
-                .any(|v| {
-                    v.persistent_volume_claim
-                        .as_ref()
-                        .is_some_and(|c| c.claim_name == claim)
-                })
+        .filter(|p| !finished(p) && mounts(p, claim))
+        .map(|p| PodRef {
+            name: p.name_any(),
+            uid: p.uid().unwrap_or_default(),
         })
-        .map(|p| p.name_any())
         .collect();
-    PodRead::Gone { users }
+    PodRead::Read {
+        named,
+        users,
+        statefulset: statefulset_of(claim, sets),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn set(name: &str, templates: &[&str]) -> StatefulSet {
+        let claims: Vec<_> = templates
+            .iter()
+            .map(|t| json!({"metadata": {"name": t}}))
+            .collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"selector": {}, "serviceName": name, "template": {},
+                     "volumeClaimTemplates": claims}
+        }))
+        .expect("set")
+    }
+
+    fn pod(name: &str, claim: &str, phase: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "uid": format!("uid-{name}")},
+            "spec": {"containers": [],
+                     "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": claim}}]},
+            "status": {"phase": phase}
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn statefulset_claims_are_known_by_the_sets_own_names() {
+        let sets = [set("web", &["data", "logs"]), set("db-2", &["data"])];
+        let cases = [
+            ("data-web-0", Some("web")),
+            ("logs-web-17", Some("web")),
+            ("data-db-2-0", Some("db-2")),
+            // a plain claim that only looks alike
+            ("data-web", None),
+            ("data-web-x", None),
+            ("cache-web-0", None),
+            ("data-api-0", None),
+        ];
+        for (claim, want) in cases {
+            assert_eq!(statefulset_of(claim, &sets).as_deref(), want, "{claim}");
+        }
+    }
+
+    #[test]
+    fn users_are_the_pods_that_mount_the_claim_and_have_not_finished() {
+        let pods = [
+            pod("runner", "cache", "Running"),
+            pod("reader", "cache", "Pending"),
+            pod("done", "cache", "Succeeded"),
+            pod("failed", "cache", "Failed"),
+            pod("elsewhere", "other", "Running"),
+        ];
+        let PodRead::Read {
+            named,
+            users,
+            statefulset,
+        } = read_pods("runner", "cache", &pods, &[])
+        else {
+            panic!("read");
+        };
+        assert_eq!(named.map(|n| n.uid).as_deref(), Some("uid-runner"));
+        let names: Vec<&str> = users.iter().map(|u| u.name.as_str()).collect();
+        assert_eq!(names, ["runner", "reader"]);
+        assert_eq!(statefulset, None);
+    }
 }

@@ -1,11 +1,12 @@
 //! One pass over one opted-in claim: observe → decide → confirm (a live list of the namespace's
-//! pods, decide again) → act.
+//! pods and StatefulSets, decide again) → act.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
@@ -69,16 +70,19 @@ impl Context {
         }
         let facts = observe(claim);
         let mut plan = decide(&facts, &PodRead::NotRead, Timestamp::now(), self.grace);
-        if plan == Plan::ReadPod {
-            let pods = self.list_pods(&facts.namespace).await?;
+        if plan == Plan::ReadPods {
+            let pods = self.list::<Pod>(&facts.namespace, "list pods").await?;
+            let sets = self
+                .list::<StatefulSet>(&facts.namespace, "list statefulsets")
+                .await?;
             let pod = facts.pod.clone().unwrap_or_default();
-            let read = read_pods(&pod, &facts.name, &pods);
+            let read = read_pods(&pod, &facts.name, &pods, &sets);
             plan = decide(&facts, &read, Timestamp::now(), self.grace);
         }
         match plan {
-            Plan::Skip | Plan::ReadPod => Ok(Action::await_change()),
-            Plan::Attach { pod, uid } => {
-                self.binder.attach(&facts, &pod, &uid).await?;
+            Plan::Skip | Plan::ReadPods => Ok(Action::await_change()),
+            Plan::Attach(pods) => {
+                self.binder.attach(&facts, &pods).await?;
                 Ok(Action::await_change())
             }
             Plan::Delete => {
@@ -100,12 +104,19 @@ impl Context {
         }
     }
 
-    async fn list_pods(&self, ns: &str) -> Result<Vec<Pod>> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+    async fn list<K>(&self, ns: &str, what: &'static str) -> Result<Vec<K>>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        let api: Api<K> = Api::namespaced(self.client.clone(), ns);
         Ok(api
             .list(&ListParams::default())
             .await
-            .map_err(Error::kube("list pods", ns))?
+            .map_err(Error::kube(what, ns))?
             .items)
     }
 }

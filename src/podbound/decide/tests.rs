@@ -1,6 +1,7 @@
 //! Table tests over the pod-bound claims' `decide`.
 
 use super::*;
+use crate::podbound::observe::{NamedPod, PodRef};
 
 fn t(s: &str) -> Timestamp {
     s.parse().expect("timestamp")
@@ -20,17 +21,36 @@ fn claim() -> ClaimFacts {
     }
 }
 
-fn exists(stateful: bool) -> PodRead {
-    PodRead::Exists {
-        uid: "uid-runner".into(),
-        stateful,
+fn pod(name: &str) -> PodRef {
+    PodRef {
+        name: name.into(),
+        uid: format!("uid-{name}"),
     }
 }
 
-fn gone(users: &[&str]) -> PodRead {
-    PodRead::Gone {
-        users: users.iter().map(|u| u.to_string()).collect(),
+/// A read: the named pod `runner` (if `named`, stateful or not), these users, this StatefulSet.
+fn read(named: Option<bool>, users: &[&str], set: Option<&str>) -> PodRead {
+    PodRead::Read {
+        named: named.map(|stateful| NamedPod {
+            uid: "uid-runner".into(),
+            stateful,
+        }),
+        users: users.iter().map(|u| pod(u)).collect(),
+        statefulset: set.map(str::to_string),
     }
+}
+
+fn exists(stateful: bool) -> PodRead {
+    read(Some(stateful), &[], None)
+}
+
+fn gone(users: &[&str]) -> PodRead {
+    read(None, users, None)
+}
+
+fn owned_by(c: &mut ClaimFacts, name: &str) {
+    c.owners
+        .push(("Pod".into(), name.into(), format!("uid-{name}")));
 }
 
 const GRACE: Duration = Duration::from_secs(600);
@@ -39,16 +59,32 @@ fn kind(plan: &Plan) -> String {
     match plan {
         Plan::Refuse(reason, _) => format!("Refuse({reason})"),
         Plan::Wait(d) => format!("Wait({}s)", d.as_secs()),
-        Plan::Attach { pod, uid } => format!("Attach({pod},{uid})"),
+        Plan::Attach(pods) => {
+            let pods: Vec<String> = pods
+                .iter()
+                .map(|p| format!("{}:{}", p.name, p.uid))
+                .collect();
+            format!("Attach({})", pods.join(","))
+        }
         other => format!("{other:?}"),
+    }
+}
+
+type Change = fn(&mut ClaimFacts);
+
+fn check(rows: Vec<(&str, Change, PodRead, &str, &str)>) {
+    for (what, change, read, now, want) in rows {
+        let mut c = claim();
+        change(&mut c);
+        let when = format!("2026-11-24T{now}Z");
+        let plan = decide(&c, &read, t(&when), GRACE);
+        assert_eq!(kind(&plan), want, "{what}");
     }
 }
 
 #[test]
 fn binding_table() {
-    type Change = fn(&mut ClaimFacts);
-    let at = |s: &str| t(s);
-    let rows: Vec<(&str, Change, PodRead, &str, &str)> = vec![
+    check(vec![
         (
             "not opted in",
             |c| c.pod = None,
@@ -61,21 +97,32 @@ fn binding_table() {
             |_| {},
             PodRead::NotRead,
             "12:00:05",
-            "ReadPod",
+            "ReadPods",
+        ),
+        (
+            "bound, not read yet: the pods that mount it are looked at",
+            |c| owned_by(c, "runner"),
+            PodRead::NotRead,
+            "12:00:05",
+            "ReadPods",
         ),
         (
             "pod runs: attach",
             |_| {},
             exists(false),
             "12:00:05",
-            "Attach(runner,uid-runner)",
+            "Attach(runner:uid-runner)",
         ),
         (
-            "attached already: the GC has it",
-            |c| {
-                c.owners
-                    .push(("Pod".into(), "runner".into(), "uid-old".into()))
-            },
+            "pod runs and mounts it: attached once",
+            |_| {},
+            read(Some(false), &["runner"], None),
+            "12:00:05",
+            "Attach(runner:uid-runner)",
+        ),
+        (
+            "attached already, pod gone: the GC has it",
+            |c| owned_by(c, "runner"),
             gone(&[]),
             "13:00:00",
             "Skip",
@@ -87,6 +134,13 @@ fn binding_table() {
             "13:00:00",
             "Skip",
         ),
+    ]);
+}
+
+/// Refusals: nothing is written, a Warning says why.
+#[test]
+fn refusal_table() {
+    check(vec![
         (
             "a StatefulSet's pod",
             |_| {},
@@ -95,7 +149,7 @@ fn binding_table() {
             "Refuse(PodBindingRefused)",
         ),
         (
-            "a StatefulSet's claim",
+            "a claim owned by a StatefulSet",
             |c| {
                 c.owners
                     .push(("StatefulSet".into(), "web".into(), "uid-web".into()))
@@ -111,6 +165,14 @@ fn binding_table() {
             "12:00:05",
             "Refuse(PodBindingRefused)",
         ),
+    ]);
+}
+
+/// A claim never bound: it waits for its pod within the grace; after it, it is deleted only if no
+/// pod mounts it.
+#[test]
+fn grace_table() {
+    check(vec![
         (
             "pod not there yet, in grace",
             |_| {},
@@ -132,29 +194,126 @@ fn binding_table() {
             "13:00:00",
             "Refuse(ClaimInUse)",
         ),
-    ];
-    for (what, change, read, now, want) in rows {
-        let mut c = claim();
-        change(&mut c);
-        let when = format!("2026-11-24T{now}Z");
-        let plan = decide(&c, &read, at(&when), GRACE);
-        assert_eq!(kind(&plan), want, "{what}");
-    }
+    ]);
+}
+
+/// A claim another live pod mounts is never left to the garbage collector with the named pod as
+/// its only owner: that pod becomes an owner too.
+#[test]
+fn other_pods_that_mount_the_claim_become_owners() {
+    check(vec![
+        (
+            "first binding: the named pod and the reader in one patch",
+            |_| {},
+            read(Some(false), &["runner", "reader"], None),
+            "12:00:05",
+            "Attach(runner:uid-runner,reader:uid-reader)",
+        ),
+        (
+            "bound: a new reader is added",
+            |c| owned_by(c, "runner"),
+            read(Some(false), &["runner", "reader"], None),
+            "12:00:05",
+            "Attach(reader:uid-reader)",
+        ),
+        (
+            "bound, the named pod gone: a new reader is still added",
+            |c| owned_by(c, "reader"),
+            read(None, &["reader", "late"], None),
+            "13:00:00",
+            "Attach(late:uid-late)",
+        ),
+        (
+            "bound, every user an owner: nothing to do",
+            |c| {
+                owned_by(c, "runner");
+                owned_by(c, "reader");
+            },
+            read(Some(false), &["runner", "reader"], None),
+            "12:00:05",
+            "Skip",
+        ),
+        (
+            "bound by its creator to another pod: users added as well",
+            |c| owned_by(c, "creator-set"),
+            read(Some(false), &["reader"], None),
+            "12:00:05",
+            "Attach(reader:uid-reader)",
+        ),
+        (
+            "bound to a StatefulSet's pod by its creator: users added, nothing refused",
+            |c| owned_by(c, "runner"),
+            read(Some(true), &["reader"], None),
+            "12:00:05",
+            "Attach(reader:uid-reader)",
+        ),
+    ]);
+}
+
+/// A claim named `<template>-<set>-<ordinal>` of a StatefulSet of the namespace is refused whatever
+/// else holds: never bound, never deleted after the grace.
+#[test]
+fn a_statefulset_claim_by_name_is_refused() {
+    let set = Some("web");
+    check(vec![
+        (
+            "names a plain running pod",
+            |_| {},
+            read(Some(false), &[], set),
+            "12:00:05",
+            "Refuse(PodBindingRefused)",
+        ),
+        (
+            "names a pod that is gone, grace over",
+            |_| {},
+            read(None, &[], set),
+            "13:00:00",
+            "Refuse(PodBindingRefused)",
+        ),
+        (
+            "bound already: no owner added",
+            |c| owned_by(c, "runner"),
+            read(Some(false), &["reader"], set),
+            "12:00:05",
+            "Refuse(PodBindingRefused)",
+        ),
+    ]);
 }
 
 #[test]
 fn a_recreated_pod_does_not_keep_the_old_binding() {
-    // Attached to the first pod's UID; a new pod with the same name changes nothing: the claim
-    // follows the first pod (the garbage collector deletes it once that UID is gone).
+    // Attached to the first pod's UID; a new pod with the same name that does not mount the claim
+    // changes nothing: the claim follows the first pod (the garbage collector deletes it once
+    // that UID is gone).
     let mut c = claim();
     c.owners
         .push(("Pod".into(), "runner".into(), "uid-first".into()));
-    let read = PodRead::Exists {
-        uid: "uid-second".into(),
-        stateful: false,
+    let read = PodRead::Read {
+        named: Some(NamedPod {
+            uid: "uid-second".into(),
+            stateful: false,
+        }),
+        users: Vec::new(),
+        statefulset: None,
     };
     assert_eq!(
         decide(&c, &read, t("2026-11-24T12:00:05Z"), GRACE),
         Plan::Skip
+    );
+    // If it mounts the claim, it uses it: it is added as an owner like any other pod that does.
+    let read = PodRead::Read {
+        named: Some(NamedPod {
+            uid: "uid-second".into(),
+            stateful: false,
+        }),
+        users: vec![PodRef {
+            name: "runner".into(),
+            uid: "uid-second".into(),
+        }],
+        statefulset: None,
+    };
+    assert_eq!(
+        kind(&decide(&c, &read, t("2026-11-24T12:00:05Z"), GRACE)),
+        "Attach(runner:uid-second)"
     );
 }
