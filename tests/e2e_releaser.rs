@@ -17,14 +17,66 @@ use support::recorder::Recorder;
 use support::{Cluster, Reclaim, wait_for};
 
 fn start_releaser(cluster: &Cluster, id: &str) -> Controller {
+    start_releaser_with(cluster, id, "--metrics-bind-address=0")
+}
+
+fn start_releaser_with(cluster: &Cluster, id: &str, metrics: &str) -> Controller {
     let args = [
         "--disable-scaledown",
         "--pv-releaser-id",
         id,
-        "--metrics-bind-address=0",
+        metrics,
         "--health-probe-bind-address=0",
     ];
     Controller::spawn(&cluster.kubeconfig, &format!("{id}-releaser"), &args, &[])
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// The controller's /metrics on 127.0.0.1:`port`, once it answers.
+async fn scrape(port: u16) -> String {
+    let get = move || -> Option<String> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(stream, "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        let (head, body) = response.split_once("\r\n\r\n")?;
+        head.contains(" 200 ").then(|| body.to_string())
+    };
+    support::wait_for_some("the controller's /metrics", LONG, || async move {
+        tokio::task::spawn_blocking(get).await.ok().flatten()
+    })
+    .await
+}
+
+/// The sum of the samples of `name` whose labels include every pair of `labels`.
+fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.split([' ', '{']).next() == Some(name))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A recorder of the Events in `default`, where Events about cluster-scoped PVs go.
+async fn record_pv_events(cluster: &Cluster) -> Recorder<Event> {
+    Recorder::start(
+        Api::<Event>::namespaced(cluster.client.clone(), "default"),
+        kube::runtime::watcher::Config::default(),
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -42,7 +94,13 @@ async fn released_pvs_of_our_classes_become_available_and_are_bound_again() {
         kube::runtime::watcher::Config::default(),
     )
     .await;
-    let controller = start_releaser(&cluster, &id);
+    let port = free_port();
+    let controller = start_releaser_with(
+        &cluster,
+        &id,
+        &format!("--metrics-bind-address=127.0.0.1:{port}"),
+    );
+    let released_before = sample(&scrape(port).await, "scaledown_pv_released_total", &[]);
 
     bind(&ns, "cache-a", &pool_pv, &pool.class).await;
     bind(&ns, "cache-b", &other_pv, &other.class).await;
@@ -52,6 +110,10 @@ async fn released_pvs_of_our_classes_become_available_and_are_bound_again() {
     record(
         "pv releaser: PV Released -> Available",
         format!("{} ms", took.as_millis()),
+    );
+    eprintln!(
+        "pv releaser: PV Released -> Available in {} ms",
+        took.as_millis()
     );
 
     // The pool works as a pool: the released PV is bound by the next claim, and released again.
@@ -68,7 +130,36 @@ async fn released_pvs_of_our_classes_become_available_and_are_bound_again() {
     })
     .await;
 
-    // The releaser looked at the other PV while it was Released, and left it alone.
+    assert_left_released(&cluster, &controller, &pvs, &other_pv).await;
+
+    let events: Api<Event> = Api::namespaced(cluster.client.clone(), "default");
+    let released_events = events
+        .list(&ListParams::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pool_pv.as_str()))
+        .filter(|e| e.reason.as_deref() == Some("Released"))
+        .count();
+    assert!(released_events >= 1, "a Released Event on the PV");
+    // Two releases of the pool PV, and none of the other one.
+    let released_after = sample(&scrape(port).await, "scaledown_pv_released_total", &[]);
+    assert_eq!(
+        released_after - released_before,
+        2.0,
+        "scaledown_pv_released_total went from {released_before} to {released_after}"
+    );
+}
+
+/// The releaser looked at `pv` while it was Released (a `NotOurs` decision in its log), left it
+/// alone (its claimRef never cleared after it was Released), and it is still Released.
+async fn assert_left_released(
+    cluster: &Cluster,
+    controller: &Controller,
+    pvs: &Recorder<PersistentVolume>,
+    other_pv: &str,
+) {
     let looked = format!("pv={other_pv}");
     wait_for("the releaser's decision on the other PV", LONG, || {
         let log = controller.log_text();
@@ -78,7 +169,7 @@ async fn released_pvs_of_our_classes_become_available_and_are_bound_again() {
         async move { seen }
     })
     .await;
-    let other_seen = pvs.of(&other_pv);
+    let other_seen = pvs.of(other_pv);
     let released_at = other_seen
         .iter()
         .find(|s| phase(&s.object) == "Released")
@@ -99,22 +190,10 @@ async fn released_pvs_of_our_classes_become_available_and_are_bound_again() {
         "a PV of another releaser's class was released"
     );
     let other_now = Api::<PersistentVolume>::all(cluster.client.clone())
-        .get(&other_pv)
+        .get(other_pv)
         .await
         .expect("get the other PV");
     assert_eq!(phase(&other_now), "Released");
-
-    let events: Api<Event> = Api::namespaced(cluster.client.clone(), "default");
-    let released_events = events
-        .list(&ListParams::default())
-        .await
-        .expect("list events")
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pool_pv.as_str()))
-        .filter(|e| e.reason.as_deref() == Some("Released"))
-        .count();
-    assert!(released_events >= 1, "a Released Event on the PV");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -193,13 +272,16 @@ async fn a_pv_is_scrubbed_before_its_release_and_a_failed_scrub_keeps_it_release
         kube::runtime::watcher::Config::default(),
     )
     .await;
+    let events = record_pv_events(&cluster).await;
+    let port = free_port();
+    let metrics = format!("--metrics-bind-address=127.0.0.1:{port}");
     let args = [
         "--disable-scaledown",
         "--pv-releaser-id",
         &id,
         "--pv-scrub-namespace",
         &ns.name,
-        "--metrics-bind-address=0",
+        &metrics,
         "--health-probe-bind-address=0",
     ];
     let controller = Controller::spawn(&cluster.kubeconfig, &format!("{id}-scrub"), &args, &[]);
@@ -208,27 +290,7 @@ async fn a_pv_is_scrubbed_before_its_release_and_a_failed_scrub_keeps_it_release
     delete_claim(&ns, "cache-a").await;
     delete_claim(&ns, "cache-b").await;
 
-    // Scrubbed, then released: on the way the PV was bound to the temporary claim.
-    wait_released(&pvs, &clean_pv).await;
-    let temp = format!("scrub-{clean_pv}");
-    let held = pvs.of(&clean_pv).iter().any(|s| {
-        s.object
-            .spec
-            .as_ref()
-            .and_then(|sp| sp.claim_ref.as_ref())
-            .and_then(|r| r.name.as_deref())
-            == Some(temp.as_str())
-            && phase(&s.object) == "Bound"
-    });
-    assert!(
-        held,
-        "the clean PV was held by its temporary claim while scrubbed"
-    );
-    let now = Api::<PersistentVolume>::all(cluster.client.clone())
-        .get(&clean_pv)
-        .await
-        .expect("get");
-    assert_eq!(scrub_state(&now), None, "the record goes with the release");
+    assert_scrubbed_then_released(&cluster, &pvs, &clean_pv).await;
 
     // The failed scrub: recorded, the temporary claim deleted, the PV Released and never handed out.
     let failed = pvs
@@ -267,6 +329,68 @@ async fn a_pv_is_scrubbed_before_its_release_and_a_failed_scrub_keeps_it_release
                     .is_some_and(|sp| sp.claim_ref.is_none())
         });
     assert!(!handed_out, "a PV whose scrub failed was handed out");
+    assert_scrubs_reported(&events, port, &clean_pv, &dirty_pv).await;
+}
+
+/// Scrubbed, then released: on the way the PV was bound to its temporary claim, and the scrub
+/// record went with the release.
+async fn assert_scrubbed_then_released(
+    cluster: &Cluster,
+    pvs: &Recorder<PersistentVolume>,
+    clean_pv: &str,
+) {
+    wait_released(pvs, clean_pv).await;
+    let temp = format!("scrub-{clean_pv}");
+    let held = pvs.of(clean_pv).iter().any(|s| {
+        s.object
+            .spec
+            .as_ref()
+            .and_then(|sp| sp.claim_ref.as_ref())
+            .and_then(|r| r.name.as_deref())
+            == Some(temp.as_str())
+            && phase(&s.object) == "Bound"
+    });
+    assert!(
+        held,
+        "the clean PV was held by its temporary claim while scrubbed"
+    );
+    let now = Api::<PersistentVolume>::all(cluster.client.clone())
+        .get(clean_pv)
+        .await
+        .expect("get");
+    assert_eq!(scrub_state(&now), None, "the record goes with the release");
+}
+
+/// Reported: a Warning `ErrScrubPV` on the dirty PV (none on the clean one), and one scrub of each
+/// outcome in `scaledown_pv_scrubs_total`.
+async fn assert_scrubs_reported(
+    events: &Recorder<Event>,
+    port: u16,
+    clean_pv: &str,
+    dirty_pv: &str,
+) {
+    let warning = events.wait_event(dirty_pv, "ErrScrubPV", LONG).await;
+    assert_eq!(warning.type_.as_deref(), Some("Warning"));
+    assert!(
+        events.events(clean_pv, "ErrScrubPV").is_empty(),
+        "no ErrScrubPV on the clean PV"
+    );
+    let metrics = scrape(port).await;
+    let failed = sample(
+        &metrics,
+        "scaledown_pv_scrubs_total",
+        &[("outcome", "failed")],
+    );
+    let succeeded = sample(
+        &metrics,
+        "scaledown_pv_scrubs_total",
+        &[("outcome", "succeeded")],
+    );
+    assert_eq!(
+        (failed, succeeded),
+        (1.0, 1.0),
+        "scaledown_pv_scrubs_total by outcome"
+    );
 }
 
 /// A build pod on claim `claim`: runs until deleted.
@@ -328,6 +452,7 @@ async fn a_pool_of_three_pvs_serves_five_builds_in_turn() {
     bind(&ns, "plain", &plain.names[0], &plain.class).await;
     delete_claim(&ns, "plain").await;
     let mut used = Vec::new();
+    let mut latencies = Vec::new();
     let started = Instant::now();
     for build in 0..5 {
         let claim = format!("cache-{build}");
@@ -335,22 +460,41 @@ async fn a_pool_of_three_pvs_serves_five_builds_in_turn() {
         consume(&ns, &format!("build-{build}"), &claim).await;
         let mark = pvs.mark();
         delete_claim(&ns, &claim).await;
-        pvs.wait_for_since(mark, &format!("{pv} Available again"), LONG, |s| {
-            s.name == pv
-                && phase(&s.object) == "Available"
-                && s.object
-                    .spec
-                    .as_ref()
-                    .is_some_and(|sp| sp.claim_ref.is_none())
-        })
-        .await;
+        let released = pvs
+            .wait_for_since(mark, &format!("{pv} Released"), LONG, |s| {
+                s.name == pv && phase(&s.object) == "Released"
+            })
+            .await;
+        let available = pvs
+            .wait_for_since(mark, &format!("{pv} Available again"), LONG, |s| {
+                s.name == pv
+                    && phase(&s.object) == "Available"
+                    && s.object
+                        .spec
+                        .as_ref()
+                        .is_some_and(|sp| sp.claim_ref.is_none())
+            })
+            .await;
+        latencies.push((available.at - released.at).as_millis());
         used.push(pv);
     }
+    let distinct: std::collections::BTreeSet<&String> = used.iter().collect();
+    let reused = used.len() - distinct.len();
     record(
         "pv releaser: 5 builds on a pool of 3 PVs (claim, run, delete, released)",
         format!("{} ms, PVs used {used:?}", started.elapsed().as_millis()),
     );
-    let distinct: std::collections::BTreeSet<&String> = used.iter().collect();
+    record(
+        "pv releaser: pool of 3, builds served by a reused PV",
+        format!("{reused} of {}", used.len()),
+    );
+    record(
+        "pv releaser: pool PV Released -> Available per build",
+        format!("{latencies:?} ms"),
+    );
+    eprintln!(
+        "pv releaser: 5 builds on 3 PVs, {reused} served by a reused PV; Released -> Available {latencies:?} ms"
+    );
     assert!(distinct.len() <= 3 && used.len() == 5, "{used:?}");
     assert!(used.len() > distinct.len(), "a PV was reused: {used:?}");
     let plain_now = Api::<PersistentVolume>::all(cluster.client.clone())
