@@ -113,8 +113,20 @@ GO
   -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" -o "$tmp/etcd" go.etcd.io/etcd/server/v3)
 
 # --- kwok -----------------------------------------------------------------------------------------
-log "building kwok $KWOK_VERSION"
-GOBIN="$tmp" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+# A kubelet deletes a finished pod with a UID precondition (pkg/kubelet/status), so a late delete
+# never hits a newer pod of the same name. KWOK deletes by name only: a delete it had queued for the
+# old pod of an ordinal removed the cleanup pod that took the name after it (over 1,000 times in a
+# 500-set bench run). The copy of KWOK built here sends the pod's UID as a kubelet does, and takes
+# 404 and a failed precondition (409) as done. Nothing else of KWOK changes.
+log "building kwok $KWOK_VERSION (pod deletes with a UID precondition, as a kubelet's)"
+kwok_dir=$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
+[[ -d "$kwok_dir" ]] || { log "could not download sigs.k8s.io/kwok@$KWOK_VERSION"; exit 1; }
+cp -r "$kwok_dir" "$tmp/src/kwok"
+chmod -R u+w "$tmp/src/kwok"
+pod_controller="$tmp/src/kwok/pkg/kwok/controllers/pod_controller.go"
+perl -0pi -e 's{(\t"k8s.io/apimachinery/pkg/api/meta"\n)}{\tapierrors "k8s.io/apimachinery/pkg/api/errors"\n$1}; s{\terr := c\.typedClient\.CoreV1\(\)\.Pods\(pod\.Namespace\)\.Delete\(ctx, pod\.Name, deleteOpt\)\n\tif err != nil \{}{\topt := deleteOpt\n\topt.Preconditions = metav1.NewUIDPreconditions(string(pod.UID))\n\terr := c.typedClient.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, opt)\n\tif apierrors.IsNotFound(err) || apierrors.IsConflict(err) {\n\t\treturn nil\n\t}\n\tif err != nil \{}' "$pod_controller"
+grep -q 'NewUIDPreconditions(string(pod.UID))' "$pod_controller" || { log "the KWOK patch did not apply"; exit 1; }
+(cd "$tmp/src/kwok" && go build -trimpath -ldflags "-s -w" -o "$tmp/kwok" ./cmd/kwok)
 
 # --- smoke check and publish ----------------------------------------------------------------------
 "$tmp/kube-apiserver" --version | grep -qx "Kubernetes $K8S_VERSION" || { log "kube-apiserver reports the wrong version"; exit 1; }

@@ -75,8 +75,9 @@ pub struct Args {
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub resync_period: Duration,
 
-    /// StatefulSets reconciled at once.
-    #[arg(long, default_value_t = 4)]
+    /// StatefulSets reconciled at once. A pass waits on the API server most of its time (a
+    /// create, a record, a release, Events), so many sets scaled at once need many passes in flight.
+    #[arg(long, default_value_t = 32)]
     pub concurrency: u16,
 
     /// Bind claims annotated `statefulsets.kubernetes.io/bound-to-pod: <pod>` to that pod's life.
