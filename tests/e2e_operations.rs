@@ -63,20 +63,6 @@ fn sample(metrics: &str, name: &str) -> f64 {
         .sum()
 }
 
-/// The sum of the samples of `name` whose labels include every pair of `labels`.
-fn labelled(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.split('{').next() == Some(name))
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 async fn election_env(test: &str, pvs: usize) -> (Env, String) {
     let mut env = Env::new(test, pvs, &[]).await;
     env.controller = None; // this test starts its own controllers
@@ -237,12 +223,13 @@ async fn metrics_and_probes_follow_a_scale_down() {
     let requests = "scaledown_api_requests_total";
     let pod_creates = [("verb", "create"), ("resource", "pods"), ("code", "201")];
     assert_eq!(
-        labelled(&after, requests, &pod_creates) - labelled(&before, requests, &pod_creates),
+        support::metric_sum(&after, requests, &pod_creates)
+            - support::metric_sum(&before, requests, &pod_creates),
         creates,
         "{after}"
     );
     assert!(
-        labelled(&after, requests, &[("verb", "watch")]) >= 4.0,
+        support::metric_sum(&after, requests, &[("verb", "watch")]) >= 4.0,
         "{after}"
     );
     // The gauge follows the cache on the next reconcile after the pod is gone.

@@ -56,20 +56,6 @@ async fn scrape(port: u16) -> String {
     .await
 }
 
-/// The sum of the samples of `name` whose labels include every pair of `labels`.
-fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.split([' ', '{']).next() == Some(name))
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// A recorder of the Events in `default`, where Events about cluster-scoped PVs go.
 async fn record_pv_events(cluster: &Cluster) -> Recorder<Event> {
     Recorder::start(
@@ -100,7 +86,8 @@ async fn released_pvs_of_our_classes_become_available_and_are_bound_again() {
         &id,
         &format!("--metrics-bind-address=127.0.0.1:{port}"),
     );
-    let released_before = sample(&scrape(port).await, "scaledown_pv_released_total", &[]);
+    let released_before =
+        support::metric_sum(&scrape(port).await, "scaledown_pv_released_total", &[]);
 
     bind(&ns, "cache-a", &pool_pv, &pool.class).await;
     bind(&ns, "cache-b", &other_pv, &other.class).await;
@@ -144,7 +131,8 @@ async fn released_pvs_of_our_classes_become_available_and_are_bound_again() {
         .count();
     assert!(released_events >= 1, "a Released Event on the PV");
     // Two releases of the pool PV, and none of the other one.
-    let released_after = sample(&scrape(port).await, "scaledown_pv_released_total", &[]);
+    let released_after =
+        support::metric_sum(&scrape(port).await, "scaledown_pv_released_total", &[]);
     assert_eq!(
         released_after - released_before,
         2.0,
@@ -376,12 +364,12 @@ async fn assert_scrubs_reported(
         "no ErrScrubPV on the clean PV"
     );
     let metrics = scrape(port).await;
-    let failed = sample(
+    let failed = support::metric_sum(
         &metrics,
         "scaledown_pv_scrubs_total",
         &[("outcome", "failed")],
     );
-    let succeeded = sample(
+    let succeeded = support::metric_sum(
         &metrics,
         "scaledown_pv_scrubs_total",
         &[("outcome", "succeeded")],

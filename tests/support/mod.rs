@@ -429,6 +429,21 @@ pub async fn create_static_pvs_from(
 }
 
 /// Deserialises a `json!` literal into a typed object; panics with the error if it does not fit.
+/// The sum of the samples of metric `name` in a `/metrics` body whose labels include every pair of
+/// `labels` (with no labels: every sample of `name`, labelled or not).
+pub fn metric_sum(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.split([' ', '{']).next() == Some(name))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 pub fn from_json<T: DeserializeOwned>(value: serde_json::Value) -> T {
     serde_json::from_value(value).unwrap_or_else(|e| panic!("e2e: bad object literal: {e}"))
 }
