@@ -101,6 +101,18 @@ async fn a_bound_claim_goes_with_its_pod_even_while_the_controller_is_down() {
     wait_for_gone(&claims, "cache", LONG).await;
 }
 
+/// Seconds from the claim's creation to its deletion mark, both by the API server's clock.
+fn created_to_marked(created: &PersistentVolumeClaim, deleting: &PersistentVolumeClaim) -> f64 {
+    let born = created.creation_timestamp().expect("created").0;
+    let marked = deleting
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .expect("deletionTimestamp")
+        .0;
+    marked.duration_since(born).as_secs_f64()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_claim_whose_pod_never_showed_goes_after_the_grace() {
     let cluster = Cluster::connect().await;
@@ -115,15 +127,7 @@ async fn a_claim_whose_pod_never_showed_goes_after_the_grace() {
             s.name == "orphan" && s.deleting
         })
         .await;
-    let born = created.metadata.creation_timestamp.expect("created").0;
-    let marked = deleted
-        .object
-        .metadata
-        .deletion_timestamp
-        .as_ref()
-        .map(|t| t.0)
-        .expect("deletionTimestamp");
-    let waited = marked.duration_since(born).as_secs_f64();
+    let waited = created_to_marked(&created, &deleted.object);
     assert!(
         waited >= 3.0,
         "deleted {waited} s after creation, before the 4 s grace"
@@ -165,15 +169,7 @@ async fn a_claim_whose_pod_went_while_the_controller_was_down_goes_when_it_start
         deleted.at >= controller.started,
         "deleted before the controller started"
     );
-    let born = created.metadata.creation_timestamp.expect("created").0;
-    let marked = deleted
-        .object
-        .metadata
-        .deletion_timestamp
-        .as_ref()
-        .expect("deletionTimestamp")
-        .0;
-    let waited = marked.duration_since(born).as_secs_f64();
+    let waited = created_to_marked(&created, &deleted.object);
     assert!(
         waited >= 2.0,
         "deleted {waited} s after creation, before the 3 s grace"

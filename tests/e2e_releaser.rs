@@ -108,12 +108,7 @@ async fn released_pvs_of_our_classes_become_available_and_are_bound_again() {
     let mark = pvs.mark();
     delete_claim(&ns, "cache-c").await;
     pvs.wait_for_since(mark, "PV released a second time", LONG, |s| {
-        s.name == pool_pv
-            && phase(&s.object) == "Available"
-            && s.object
-                .spec
-                .as_ref()
-                .is_some_and(|sp| sp.claim_ref.is_none())
+        s.name == pool_pv && is_free(&s.object)
     })
     .await;
 
@@ -455,12 +450,7 @@ async fn a_pool_of_three_pvs_serves_five_builds_in_turn() {
             .await;
         let available = pvs
             .wait_for_since(mark, &format!("{pv} Available again"), LONG, |s| {
-                s.name == pv
-                    && phase(&s.object) == "Available"
-                    && s.object
-                        .spec
-                        .as_ref()
-                        .is_some_and(|sp| sp.claim_ref.is_none())
+                s.name == pv && is_free(&s.object)
             })
             .await;
         latencies.push((available.at - released.at).as_millis());

@@ -53,6 +53,11 @@ pub fn phase(pv: &PersistentVolume) -> &str {
         .unwrap_or_default()
 }
 
+/// Whether `pv` is Available with no claimRef: released back into the pool.
+pub fn is_free(pv: &PersistentVolume) -> bool {
+    phase(pv) == "Available" && pv.spec.as_ref().is_some_and(|sp| sp.claim_ref.is_none())
+}
+
 /// Waits until the recorder saw `pv` Released and then Available without a claimRef; returns the
 /// time between the two.
 pub async fn wait_released(pvs: &Recorder<PersistentVolume>, pv: &str) -> Duration {
@@ -65,15 +70,7 @@ pub async fn wait_released(pvs: &Recorder<PersistentVolume>, pv: &str) -> Durati
         .wait_for(
             &format!("PV {pv} Available without a claimRef"),
             LONG,
-            |s| {
-                s.name == pv
-                    && s.at > released.at
-                    && phase(&s.object) == "Available"
-                    && s.object
-                        .spec
-                        .as_ref()
-                        .is_some_and(|sp| sp.claim_ref.is_none())
-            },
+            |s| s.name == pv && s.at > released.at && is_free(&s.object),
         )
         .await;
     available.at - released.at
