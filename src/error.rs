@@ -22,9 +22,17 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
-    /// The StatefulSet kept changing while a new cleanup pod was being recorded on it.
-    #[error("statefulset {0} kept changing while a cleanup pod was recorded; retrying")]
-    Contended(String),
+    /// Building a request failed (a bug, not bad input).
+    #[error("could not build {what}: {source}")]
+    Request {
+        what: &'static str,
+        #[source]
+        source: kube::core::request::Error,
+    },
+    /// The record of a new cleanup pod on the StatefulSet was refused (its test ops failed: the set
+    /// changed after the read) every time it was tried; `answer` is the API server's last answer.
+    #[error("statefulset {set} kept changing while a cleanup pod was recorded ({answer})")]
+    Contended { set: String, answer: String },
     /// This process lost the leader Lease (or could not renew it in time) and must stop.
     #[error("lost leadership")]
     LeadershipLost,
@@ -181,8 +189,8 @@ impl Error {
         match self {
             Error::Kube { source, .. } => Category::of_api(source),
             Error::CacheNotReady(_) => Category::CacheNotReady,
-            Error::Contended(_) => Category::Contended,
-            Error::Encode { .. } => Category::Internal,
+            Error::Contended { .. } => Category::Contended,
+            Error::Encode { .. } | Error::Request { .. } => Category::Internal,
             Error::Election {
                 source: kube_lease_manager::LeaseManagerError::KubeError(source),
                 ..
@@ -230,7 +238,13 @@ mod tests {
             (api(422), "invalid"),
             (api(503), "server_error"),
             (api(418), "api_error"),
-            (Error::Contended("web".into()), "contended"),
+            (
+                Error::Contended {
+                    set: "web".into(),
+                    answer: "422".into(),
+                },
+                "contended",
+            ),
             (Error::NotLeader, "not_leader"),
             (Error::Stopped("the lease manager"), "task"),
             (Error::CacheNotReady("pod"), "cache_not_ready"),

@@ -10,6 +10,7 @@
 //! (`index`), compatibility strings (`naming`) and pod templates (`template`).
 
 pub mod api_metrics;
+pub mod apijson;
 pub mod app;
 pub mod cli;
 pub mod error;

@@ -60,11 +60,12 @@ pub enum Reason {
     PodBindingRefused,
     /// The scrub of a PV failed (or could not start): the PV stays Released.
     ScrubFailed,
+    ReconcileFailed,
 }
 
 impl Reason {
     /// Every reason, for metric pre-registration and documentation checks.
-    pub const ALL: [Reason; 31] = [
+    pub const ALL: [Reason; 32] = [
         Reason::SuccessfulCreate,
         Reason::CleanupSuccess,
         Reason::SuccessfulDelete,
@@ -96,6 +97,7 @@ impl Reason {
         Reason::ReleaseFailed,
         Reason::PodBindingRefused,
         Reason::ScrubFailed,
+        Reason::ReconcileFailed,
     ];
 
     /// The Event reason (and metric label, and log field).
@@ -132,6 +134,7 @@ impl Reason {
             Reason::ReleaseFailed => "ErrReleasePV",
             Reason::PodBindingRefused => "PodBindingRefused",
             Reason::ScrubFailed => "ErrScrubPV",
+            Reason::ReconcileFailed => "ReconcileFailed",
         }
     }
 

@@ -138,7 +138,10 @@ async fn release(api: &Api<StatefulSet>, set: &StatefulSet) -> Result<String> {
             _ => return Ok(format!("{ns}/{name}: released meanwhile")),
         }
     }
-    Err(Error::Contended(name))
+    Err(Error::Contended {
+        set: name,
+        answer: "the finalizer patch kept conflicting".into(),
+    })
 }
 
 /// Every StatefulSet in `scope`, grouped by namespace.

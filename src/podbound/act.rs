@@ -6,13 +6,14 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, PatchParams, Preconditions};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::decide::names;
 use super::observe::{ClaimFacts, PodRef};
+use crate::apijson;
 use crate::error::{Error, Result, code, is_status};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
@@ -68,15 +69,13 @@ impl Binder {
             what: "owner patch",
             source,
         })?;
-        match self
-            .api(claim)
-            .patch(
-                &claim.name,
-                &PatchParams::default(),
-                &Patch::<()>::Json(patch),
-            )
-            .await
-        {
+        let request = apijson::patch_request::<PersistentVolumeClaim>(
+            Some(&claim.namespace),
+            &claim.name,
+            &patch,
+            &PatchParams::default(),
+        )?;
+        match self.client.request::<PersistentVolumeClaim>(request).await {
             Ok(_) => {
                 self.metrics.event(Reason::BoundToPod);
                 let uids: Vec<String> = pods

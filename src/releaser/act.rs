@@ -6,13 +6,14 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::Client;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
+    Api, ApiResource, DeleteParams, DynamicObject, PatchParams, PostParams, Preconditions,
 };
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use tracing::{debug, info, warn};
 
 use super::observe::{PvFacts, Scrub};
 use super::scrub;
+use crate::apijson;
 use crate::error::{Error, Result, code, is_status};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
@@ -220,13 +221,13 @@ impl Releaser {
         ops: serde_json::Value,
         what: &'static str,
     ) -> Result<bool> {
-        let patch: json_patch::Patch =
-            serde_json::from_value(ops).map_err(|source| Error::Encode { what, source })?;
-        let api: Api<PersistentVolume> = Api::all(self.client.clone());
-        match api
-            .patch(&pv.name, &PatchParams::default(), &Patch::<()>::Json(patch))
-            .await
-        {
+        let request = apijson::patch_request::<PersistentVolume>(
+            None,
+            &pv.name,
+            &ops,
+            &PatchParams::default(),
+        )?;
+        match self.client.request::<PersistentVolume>(request).await {
             Ok(_) => Ok(true),
             Err(e) if is_status(&e, &[code::INVALID, code::CONFLICT, code::NOT_FOUND]) => {
                 debug!(pv = %pv.name, error = %e, "PV changed before the {what}; left alone");

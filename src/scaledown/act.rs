@@ -20,6 +20,7 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
+use crate::apijson;
 use crate::error::{Error, Result, code, is_status, status_code};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
@@ -349,12 +350,14 @@ impl Actor {
 
     /// Carries out the verdicts on the pods created in this pass, given the read of the set they
     /// were made on: the ones to run are recorded on the set in one compare-and-swap, then
-    /// released; the others are deleted. `Err(Contended)` if the set changed after the read.
+    /// released if `release` (else a later pass releases them); the others are deleted.
+    /// `Err(Contended)` if the set changed after the read.
     pub async fn settle(
         &self,
         live: &SetFacts,
         records: &BTreeMap<u32, Record>,
         verdicts: &[(Created, Verdict)],
+        release: bool,
     ) -> Result<()> {
         if !self.leadership.may_write() {
             return Err(Error::NotLeader);
@@ -385,7 +388,9 @@ impl Actor {
         }
         self.record(live, records).await?;
         for pod in runs {
-            self.release(ns, &pod.name, &pod.uid).await?;
+            if release {
+                self.release(ns, &pod.name, &pod.uid).await?;
+            }
             self.metrics.cleanup_started();
             info!(set = %live.name, namespace = ns, pod = %pod.name, attempt = pod.attempt, "created cleanup pod");
             let note = format!(
@@ -408,38 +413,27 @@ impl Actor {
     /// and our previous record are still those of `live`: a compare-and-swap, so a successful write
     /// confirms every fact the verdicts were judged on.
     async fn record(&self, live: &SetFacts, records: &BTreeMap<u32, Record>) -> Result<()> {
-        let path = annotation_path(naming::RECORD_ANNOTATION);
-        let mut ops = vec![
-            json!({"op": "test", "path": "/metadata/uid", "value": live.uid}),
-            json!({"op": "test", "path": "/metadata/generation", "value": live.generation}),
-        ];
-        if let Some(template) = &live.template {
-            let template_path = annotation_path(naming::TEMPLATE_ANNOTATION);
-            ops.push(json!({"op": "test", "path": template_path, "value": template}));
-        }
-        if let Some(old) = &live.record_raw {
-            ops.push(json!({"op": "test", "path": path, "value": old}));
-        }
-        ops.push(json!({"op": "add", "path": path, "value": format_records(records)}));
-        let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
-            .map_err(|source| Error::Encode {
-                what: "record patch",
-                source,
-            })?;
-        let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), &live.namespace);
+        let ops = record_ops(live, records);
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
-        match api
-            .patch(&live.name, &params, &Patch::<()>::Json(patch))
-            .await
-        {
+        // Encoded as the API server encodes the set, so the template test compares like with like.
+        let request = apijson::patch_request::<StatefulSet>(
+            Some(&live.namespace),
+            &live.name,
+            &ops,
+            &params,
+        )?;
+        match self.client.request::<StatefulSet>(request).await {
             Ok(_) => Ok(()),
             // A failed test op (the set changed since the read) or a conflict: read again.
             Err(e) if is_status(&e, &[code::CONFLICT, code::INVALID, code::NOT_FOUND]) => {
                 debug!(set = %live.name, error = %e, "record lost a race");
-                Err(Error::Contended(live.name.clone()))
+                Err(Error::Contended {
+                    set: live.name.clone(),
+                    answer: e.to_string(),
+                })
             }
             Err(e) => Err(Error::kube("record cleanup pod on statefulset", &live.name)(e)),
         }
@@ -480,6 +474,12 @@ impl Actor {
             note: format!("the API server refused cleanup pod {pod} ({code}): {message}; {hint}"),
             key: format!("{ordinal} {code} {message}"),
         };
+        self.publish(set, &event, None).await;
+    }
+
+    /// Publishes a Warning on `set` (once per `key` in this process), counted and logged.
+    pub async fn warn(&self, set: &SetFacts, reason: Reason, key: String, note: String) {
+        let event = Event { reason, note, key };
         self.publish(set, &event, None).await;
     }
 
@@ -622,6 +622,26 @@ pub fn describe(step: &Step) -> String {
 mod tests;
 
 /// The JSON pointer of an annotation (RFC 6901 escapes).
+/// The JSON patch of a record: `test` ops on the set's UID, generation, template annotation and
+/// our previous record as `live` shows them, then the new record. Sent encoded by
+/// [`apijson::to_vec`], so the template compares equal exactly when it is unchanged.
+pub fn record_ops(live: &SetFacts, records: &BTreeMap<u32, Record>) -> Vec<serde_json::Value> {
+    let path = annotation_path(naming::RECORD_ANNOTATION);
+    let mut ops = vec![
+        json!({"op": "test", "path": "/metadata/uid", "value": live.uid}),
+        json!({"op": "test", "path": "/metadata/generation", "value": live.generation}),
+    ];
+    if let Some(template) = &live.template {
+        let template_path = annotation_path(naming::TEMPLATE_ANNOTATION);
+        ops.push(json!({"op": "test", "path": template_path, "value": template}));
+    }
+    if let Some(old) = &live.record_raw {
+        ops.push(json!({"op": "test", "path": path, "value": old}));
+    }
+    ops.push(json!({"op": "add", "path": path, "value": format_records(records)}));
+    ops
+}
+
 fn annotation_path(key: &str) -> String {
     format!(
         "/metadata/annotations/{}",

@@ -27,6 +27,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 
 use crate::naming;
@@ -35,6 +36,14 @@ use crate::scaledown::observe::{
     ClaimFacts, CleanupFacts, Observed, OrdinalFacts, Phase, PodFacts, PodRole, SetFacts, SetRead,
 };
 use crate::template::{self, Target};
+
+/// How long a gated cleanup pod nobody recorded yet holds its ordinal: longer than any live writer
+/// takes between its create and its record (a few requests), so a second writer never deletes the
+/// first one's pod under it. Older, it is a crashed or failing writer's leftover and is deleted.
+pub const RECORD_GRACE: Duration = Duration::from_secs(30);
+/// How soon a recorded cleanup pod looks again when the StatefulSet controller has not yet seen
+/// the ordinal's old pod go (its status changes wake the set up sooner).
+pub const RELEASE_RECHECK: Duration = Duration::from_secs(2);
 
 /// How soon a set whose cleanups wait for room under `--max-concurrent-cleanups` looks again.
 pub const CAP_RECHECK: Duration = Duration::from_secs(2);
@@ -184,6 +193,17 @@ pub fn confirm_created(set: &SetFacts, ordinal: u32) -> Verdict {
     } else {
         Verdict::Run
     }
+}
+
+/// Whether a recorded cleanup pod may be released (may run): the StatefulSet controller must have
+/// seen the scale-down's condemned pods go, so a late delete by name from it (it sends no UID
+/// precondition) can only meet a pod that never ran. Its status is computed from its own pod
+/// cache: `observedGeneration` at the set's generation and `replicas` no more than the spec asks
+/// mean its cache holds no condemned pod any more. A set being deleted is exempt: the StatefulSet
+/// controller no longer deletes its pods; the garbage collector does, by UID.
+pub fn may_release(set: &SetFacts) -> bool {
+    set.deleting
+        || (set.observed_generation >= set.generation && set.status_replicas <= set.replicas)
 }
 
 /// The record to write on the set after new cleanup pods were confirmed: the entries already on
@@ -411,7 +431,11 @@ fn scan_ordinals<'a>(view: &View<'a>, plan: &mut Plan) -> Scan<'a> {
                 clear_marks(plan, facts, None);
             }
             PodRole::Foreign => foreign_pod(view, ordinal, pod, !live.is_empty(), plan),
-            PodRole::Unproven { gated } => unproven_pod(view, ordinal, pod, *gated, plan),
+            PodRole::Unproven { gated, created } => {
+                if !(*gated && held_for_writer(view, *created, plan)) {
+                    unproven_pod(view, ordinal, pod, *gated, plan);
+                }
+            }
             PodRole::Cleanup(cleanup) => {
                 scan.set_has_cleanup_pod = true;
                 scan.in_flight |= cleanup.phase != Phase::Failed;
@@ -443,6 +467,21 @@ fn foreign_pod(view: &View<'_>, ordinal: u32, pod: &PodFacts, claims: bool, plan
             ),
         );
     }
+}
+
+/// A gated look-alike younger than [`RECORD_GRACE`] may be a live writer's (another instance, or
+/// this one's pass that is recording it right now): it holds the ordinal, untouched, until it is
+/// recorded or old enough to be a crashed writer's leftover. Returns whether it is held.
+fn held_for_writer(view: &View<'_>, created: Option<Timestamp>, plan: &mut Plan) -> bool {
+    let Some(created) = created else {
+        return false;
+    };
+    let left = crate::scaledown::observe::until(view.o.now, created + RECORD_GRACE);
+    if left.is_zero() {
+        return false;
+    }
+    plan.requeue(left);
+    true
 }
 
 /// A look-alike: judged only on a live read (our record may be newer than the cache). Still gated,
@@ -738,6 +777,7 @@ impl CleanupStep<'_> {
     fn release(&self, plan: &mut Plan) {
         plan.confirm(Confirm::Set);
         match confirm_created(&self.view.o.set, self.ordinal) {
+            Verdict::Run if !may_release(&self.view.o.set) => plan.requeue(RELEASE_RECHECK),
             Verdict::Run => plan.steps.push(Step::Release {
                 name: self.pod.name.clone(),
                 uid: self.pod.uid.clone(),

@@ -111,6 +111,10 @@ pub struct SetFacts {
     pub when_scaled_delete: bool,
     /// `persistentVolumeClaimRetentionPolicy.whenDeleted: Delete`.
     pub when_deleted_delete: bool,
+    /// `status.observedGeneration`: the generation the StatefulSet controller last acted on.
+    pub observed_generation: i64,
+    /// `status.replicas`: the pods the StatefulSet controller counts, from its own pod cache.
+    pub status_replicas: u32,
 }
 
 impl SetFacts {
@@ -172,8 +176,12 @@ pub enum PodRole {
     Cleanup(CleanupFacts),
     /// A pod that looks like a cleanup pod (our label or owner annotation) but whose UID is not in
     /// the record: forged, left by another controller, or created by us just before a crash and
-    /// never confirmed. `gated`: it still carries our confirm gate, so it never ran.
-    Unproven { gated: bool },
+    /// never confirmed. `gated`: it still carries our confirm gate, so it never ran. `created`: when
+    /// (a fresh gated one may be another writer's, about to be recorded).
+    Unproven {
+        gated: bool,
+        created: Option<Timestamp>,
+    },
     /// Neither: somebody else's pod, or a stateful pod orphaned by `--cascade=orphan`.
     Foreign,
 }
@@ -407,6 +415,12 @@ pub fn set_facts(set: &StatefulSet) -> SetFacts {
         parallel: spec.and_then(|s| s.pod_management_policy.as_deref()) == Some("Parallel"),
         when_scaled_delete: retention.and_then(|r| r.when_scaled.as_deref()) == Some("Delete"),
         when_deleted_delete: retention.and_then(|r| r.when_deleted.as_deref()) == Some("Delete"),
+        observed_generation: set
+            .status
+            .as_ref()
+            .and_then(|s| s.observed_generation)
+            .unwrap_or_default(),
+        status_replicas: non_negative(set.status.as_ref().map(|s| s.replicas), 0),
     }
 }
 
@@ -423,6 +437,7 @@ fn pod_role(pod: &Pod, ordinal: u32, set: &SetFacts) -> PodRole {
     if looks_like_cleanup(pod) {
         return PodRole::Unproven {
             gated: has_confirm_gate(pod),
+            created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
         };
     }
     let owned = pod

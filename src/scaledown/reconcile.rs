@@ -23,6 +23,7 @@ use tracing::{debug, warn};
 use crate::error::{Category, Error, Result};
 use crate::metrics::Metrics;
 use crate::naming;
+use crate::reason::Reason;
 use crate::scaledown::act::{Actor, Created, Done};
 use crate::scaledown::decide::{self, Confirm, Plan, Policy, Step, Verdict, decide};
 use crate::scaledown::observe::{self, Observed, Record, Rejection, SetFacts, SetRead, Sources};
@@ -79,6 +80,8 @@ impl Drop for Running<'_> {
 struct Memory {
     /// Consecutive failed passes (the error backoff).
     failures: u32,
+    /// No pass runs before this, however many watch events arrive: set after a failed pass.
+    retry_at: Option<Instant>,
     /// Hash of the template annotation the refusals below were made with.
     template: u64,
     /// Creations the API server refused, per ordinal.
@@ -201,40 +204,39 @@ impl Context {
                 let live = self.get_set(&observed.set).await?;
                 facts = live.as_ref().map(observe::set_facts);
             }
-            let verdicts: Vec<(Created, Verdict)> = pending
-                .iter()
-                .map(|c| {
-                    let verdict = facts.as_ref().map_or_else(
-                        || Verdict::Cancel("the StatefulSet is gone".into()),
-                        |f| decide::confirm_created(f, c.ordinal),
-                    );
-                    (c.clone(), verdict)
-                })
-                .collect();
+            let verdicts = verdicts_on(facts.as_ref(), &pending);
             let on = facts.as_ref().unwrap_or(&observed.set);
-            let runs: Vec<(u32, Record)> = verdicts
-                .iter()
-                .filter(|(_, v)| *v == Verdict::Run)
-                .map(|(c, _)| {
-                    (
-                        c.ordinal,
-                        Record {
-                            pod: c.uid.clone(),
-                            claims: c.claims.clone(),
-                        },
-                    )
-                })
-                .collect();
+            let runs = runs_of(&verdicts);
             self.forget_created(&observed.set.namespace, &verdicts);
             let records = decide::next_records(on, observed, &runs);
-            match self.actor.settle(on, &records, &verdicts).await {
-                Err(Error::Contended(_)) if attempt < RECORD_TRIES => {
+            let release = decide::may_release(on);
+            match self.actor.settle(on, &records, &verdicts, release).await {
+                Err(Error::Contended { .. }) if attempt < RECORD_TRIES => {
                     pending.retain(|c| runs.iter().any(|(n, _)| *n == c.ordinal));
+                }
+                Err(err @ Error::Contended { .. }) => {
+                    pending.retain(|c| runs.iter().any(|(n, _)| *n == c.ordinal));
+                    self.abandon(on, &pending).await?;
+                    return Err(err);
                 }
                 other => return other,
             }
         }
         Ok(())
+    }
+
+    /// Deletes the cleanup pods of this pass whose record was refused every time: they never ran,
+    /// and the backoff that follows the failed pass decides when the next one is created.
+    async fn abandon(&self, on: &SetFacts, pending: &[Created]) -> Result<()> {
+        let why = format!("its record on the StatefulSet was refused {RECORD_TRIES} times");
+        let cancels: Vec<(Created, Verdict)> = pending
+            .iter()
+            .map(|c| (c.clone(), Verdict::Cancel(why.clone())))
+            .collect();
+        self.forget_created(&on.namespace, &cancels);
+        self.actor
+            .settle(on, &BTreeMap::new(), &cancels, false)
+            .await
     }
 
     /// Cleanup pods in flight everywhere we watch, for `--max-concurrent-cleanups` only (without
@@ -440,17 +442,52 @@ impl Context {
         }
     }
 
-    /// Forgets a set's memory of failures after a good pass; returns the failure count after a bad one.
-    fn count_failure(&self, set: &StatefulSet, failed: bool) -> u32 {
+    /// Forgets a set's failures after a good pass (`None`); counts a failed one and sets the time
+    /// before which no pass runs. Returns the failure count.
+    fn count_failure(&self, set: &StatefulSet, failed: Option<Category>) -> u32 {
         let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
         let entry = memory.entry(ObjectRef::from(set)).or_default();
-        entry.failures = if failed {
-            entry.failures.saturating_add(1)
-        } else {
-            0
-        };
+        match failed {
+            Some(category) => {
+                entry.failures = entry.failures.saturating_add(1);
+                entry.retry_at = Some(Instant::now() + error_backoff(entry.failures, category));
+            }
+            None => {
+                entry.failures = 0;
+                entry.retry_at = None;
+            }
+        }
         entry.failures
     }
+}
+
+/// The verdict on each pod in `pending` given a read of its set (`None`: the set is gone).
+fn verdicts_on(facts: Option<&SetFacts>, pending: &[Created]) -> Vec<(Created, Verdict)> {
+    pending
+        .iter()
+        .map(|c| {
+            let verdict = facts.map_or_else(
+                || Verdict::Cancel("the StatefulSet is gone".into()),
+                |f| decide::confirm_created(f, c.ordinal),
+            );
+            (c.clone(), verdict)
+        })
+        .collect()
+}
+
+/// The record entries of the pods that may run.
+fn runs_of(verdicts: &[(Created, Verdict)]) -> Vec<(u32, Record)> {
+    verdicts
+        .iter()
+        .filter(|(_, v)| *v == Verdict::Run)
+        .map(|(c, _)| {
+            let record = Record {
+                pod: c.uid.clone(),
+                claims: c.claims.clone(),
+            };
+            (c.ordinal, record)
+        })
+        .collect()
 }
 
 /// The claims, pods and cleanup pods of a namespace, read from the API server just now.
@@ -491,8 +528,13 @@ pub async fn list_namespace(client: &Client, ns: &str) -> Result<Listed> {
     })
 }
 
-/// The reconciler handed to kube's Controller.
+/// The reconciler handed to kube's Controller. After a failed pass the set waits out its backoff
+/// here, whatever wakes it (its own pods' watch events would otherwise start a pass at once), so a
+/// failure that repeats can never turn into a loop of creates.
 pub async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action> {
+    if let Some(wait) = ctx.backing_off(&set) {
+        return Ok(Action::requeue(wait));
+    }
     let _running = Running::new(&ctx.running);
     let started = Instant::now();
     let result = ctx.pass(&set).await;
@@ -500,19 +542,53 @@ pub async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
         started.elapsed().as_secs_f64(),
         result.as_ref().err().map(Error::category),
     );
-    if result.is_ok() {
-        ctx.count_failure(&set, false);
+    match &result {
+        Ok(_) => {
+            ctx.count_failure(&set, None);
+        }
+        Err(err) => ctx.failed(&set, err).await,
     }
     debug!(set = %set.name_any(), namespace = ?set.namespace(), ok = result.is_ok(), "reconciled");
     result
 }
 
-/// Capped exponential backoff per StatefulSet; other sets are not slowed down.
-pub fn error_policy(set: Arc<StatefulSet>, err: &Error, ctx: Arc<Context>) -> Action {
-    let n = ctx.count_failure(&set, true);
-    let delay = error_backoff(n, err.category());
-    warn!(set = %set.name_any(), namespace = ?set.namespace(), category = err.category().as_str(), retry_in = ?delay, "reconcile failed: {err}");
-    Action::requeue(delay)
+impl Context {
+    /// How long `set` still waits after its last failed pass, if it does.
+    fn backing_off(&self, set: &StatefulSet) -> Option<Duration> {
+        let memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        let at = memory.get(&ObjectRef::from(set))?.retry_at?;
+        let left = at.saturating_duration_since(Instant::now());
+        (!left.is_zero()).then_some(left)
+    }
+
+    /// Backs `set` off after a failed pass, logs it, and from the second failure in a row
+    /// publishes a Warning naming the error (the API's answer included); the same error again
+    /// publishes nothing new.
+    async fn failed(&self, set: &StatefulSet, err: &Error) {
+        let failures = self.count_failure(set, Some(err.category()));
+        let delay = error_backoff(failures, err.category());
+        warn!(set = %set.name_any(), namespace = ?set.namespace(), category = err.category().as_str(), failures, retry_in = ?delay, "reconcile failed: {err}");
+        if failures >= 2 && !matches!(err, Error::NotLeader | Error::LeadershipLost) {
+            let note = format!(
+                "{failures} passes in a row failed ({}): {err}; next try in {}s",
+                err.category().as_str(),
+                delay.as_secs()
+            );
+            let key = format!("{} {err}", err.category().as_str());
+            self.actor
+                .warn(&observe::set_facts(set), Reason::ReconcileFailed, key, note)
+                .await;
+        }
+    }
+}
+
+/// Requeues a set after a failed pass at the end of the backoff `reconcile` set for it.
+pub fn error_policy(set: Arc<StatefulSet>, _err: &Error, ctx: Arc<Context>) -> Action {
+    Action::requeue(
+        ctx.backing_off(&set)
+            .unwrap_or(ERROR_BACKOFF_BASE)
+            .max(Duration::from_millis(1)),
+    )
 }
 
 /// The wait after the `failures`-th failed pass in a row: 1 s doubling to 5 min, or to

@@ -257,7 +257,7 @@ async fn a_process_that_may_not_write_sends_nothing() {
     };
     let result = actor.execute(&web(None), &plan, &mut Done::default()).await;
     assert_eq!(category(&result), Some(Category::NotLeader));
-    let settled = actor.settle(&web(None), &BTreeMap::new(), &[]).await;
+    let settled = actor.settle(&web(None), &BTreeMap::new(), &[], true).await;
     assert_eq!(category(&settled), Some(Category::NotLeader));
     assert!(log.all().is_empty(), "{:?}", log.lines());
 }
@@ -314,7 +314,7 @@ where
     let (actor, _) = actor(client, Leadership::always());
     let verdicts = [(created(1, "uid-new"), verdict)];
     let result = actor
-        .settle(&web(old_record), &records(1, "uid-new"), &verdicts)
+        .settle(&web(old_record), &records(1, "uid-new"), &verdicts, true)
         .await;
     (result, log)
 }

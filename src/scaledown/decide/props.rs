@@ -103,6 +103,8 @@ fn random_pod(o: &mut Observed, ordinal: u32, tape: &mut Tape<'_>) {
                 // Not in the record: what a forger makes, or ours before a crash.
                 pod.role = PodRole::Unproven {
                     gated: tape.one_in(2),
+                    created: [None, Some(t0()), Some(t0() - Duration::from_secs(60))]
+                        [tape.pick(3) as usize],
                 };
             } else {
                 if let PodRole::Cleanup(c) = &mut pod.role {
@@ -181,7 +183,10 @@ fn random_state(tape: &mut Tape<'_>) -> (Observed, Policy) {
         if let Some(pod) = o.ordinals.get_mut(&ordinal).and_then(|f| f.pod.as_mut())
             && let PodRole::Cleanup(c) = &pod.role
         {
-            pod.role = PodRole::Unproven { gated: c.gated };
+            pod.role = PodRole::Unproven {
+                gated: c.gated,
+                created: c.created,
+            };
         }
     }
     o.read = [SetRead::Cached, SetRead::LiveSet, SetRead::LiveAll][tape.pick(3) as usize];
@@ -247,9 +252,13 @@ fn check_pod_deletion(o: &Observed, name: &str, uid: &str) -> Result<(), TestCas
     prop_assert_eq!(&pod.uid, uid, "deletes carry the observed UID");
     match &pod.role {
         PodRole::Cleanup(_) => Ok(()),
-        PodRole::Unproven { gated } => {
+        PodRole::Unproven { gated, created } => {
             prop_assert!(*gated, "an unproven pod that may have run is deleted");
             prop_assert!(o.read != SetRead::Cached);
+            prop_assert!(
+                created.is_none_or(|c| o.now >= c + RECORD_GRACE),
+                "a gated pod is deleted within its writer's grace"
+            );
             Ok(())
         }
         other => Err(TestCaseError::fail(format!(
@@ -451,7 +460,10 @@ fn happen(o: &mut Observed, tape: &mut Tape<'_>) {
             if f.pod.is_none() {
                 f.pod = Some(PodFacts {
                     uid: format!("uid-forged-{ordinal}"),
-                    role: PodRole::Unproven { gated: false },
+                    role: PodRole::Unproven {
+                        gated: false,
+                        created: None,
+                    },
                     ..stateful(ordinal)
                 });
             }

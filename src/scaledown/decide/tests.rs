@@ -45,6 +45,8 @@ pub(super) fn web(replicas: u32) -> Observed {
             parallel: false,
             when_scaled_delete: false,
             when_deleted_delete: false,
+            observed_generation: 3,
+            status_replicas: replicas,
         },
         ordinals: BTreeMap::new(),
         cleanups_in_flight: 0,
@@ -800,7 +802,10 @@ fn look_alikes_are_never_cleanups() {
                 name: "web-2".into(),
                 uid: "uid-forged".into(),
                 deleting: false,
-                role: PodRole::Unproven { gated },
+                role: PodRole::Unproven {
+                    gated,
+                    created: None,
+                },
             },
         );
         o
@@ -839,6 +844,76 @@ fn recorded_but_gated_pods_are_released_or_cancelled_on_a_live_read() {
     assert_eq!(
         plan(&gated(3)),
         ["event CleanupCancelled", "delete-cleanup web-2 NeverRan"]
+    );
+}
+
+#[test]
+fn recorded_pods_wait_for_the_statefulset_controller_before_they_run() {
+    let gated = |status_replicas: u32, observed_generation: i64| {
+        let mut o = with_claims(web(2), 0..3, 0..2);
+        o.set.status_replicas = status_replicas;
+        o.set.observed_generation = observed_generation;
+        let mut pod = cleanup(2, Phase::Pending, 1);
+        if let PodRole::Cleanup(c) = &mut pod.role {
+            c.gated = true;
+            c.scheduled = false;
+        }
+        set_pod(&mut o, 2, pod);
+        o
+    };
+    // Its pod cache still counts the condemned pod, or it has not acted on the scale-down yet.
+    for (replicas, generation) in [(3, 3), (2, 2), (3, 2)] {
+        let waiting = decide(&gated(replicas, generation), &Policy::default());
+        assert_eq!(
+            summary(&waiting),
+            Vec::<String>::new(),
+            "{replicas} {generation}"
+        );
+        assert_eq!(waiting.requeue_after, Some(RELEASE_RECHECK));
+    }
+    assert_eq!(plan(&gated(2, 3)), ["release web-2"]);
+    assert_eq!(plan(&gated(1, 4)), ["release web-2"]);
+    let mut deleting = gated(3, 2);
+    deleting.set.deleting = true;
+    assert!(
+        may_release(&deleting.set),
+        "the garbage collector deletes by UID"
+    );
+}
+
+#[test]
+fn a_fresh_gated_look_alike_holds_its_ordinal_for_its_writer() {
+    let look_alike = |age_secs: u64| {
+        let mut o = with_claims(web(2), 0..3, 0..2);
+        o.now = t0() + Duration::from_secs(age_secs);
+        set_pod(
+            &mut o,
+            2,
+            PodFacts {
+                name: "web-2".into(),
+                uid: "uid-other-writer".into(),
+                deleting: false,
+                role: PodRole::Unproven {
+                    gated: true,
+                    created: Some(t0()),
+                },
+            },
+        );
+        o
+    };
+    let fresh = decide(&look_alike(5), &Policy::default());
+    assert_eq!(
+        summary(&fresh),
+        Vec::<String>::new(),
+        "neither deleted nor created again"
+    );
+    assert_eq!(
+        fresh.requeue_after,
+        Some(RECORD_GRACE - Duration::from_secs(5))
+    );
+    assert_eq!(
+        plan(&look_alike(RECORD_GRACE.as_secs())),
+        ["warn UnprovenCleanupPod", "delete-cleanup web-2 NeverRan"]
     );
 }
 

@@ -162,8 +162,8 @@ fn pod_roles_table() {
         let got = match role_at(&o, 2) {
             Some(PodRole::Stateful) => "stateful",
             Some(PodRole::Cleanup(_)) => "cleanup",
-            Some(PodRole::Unproven { gated: false }) => "unproven",
-            Some(PodRole::Unproven { gated: true }) => "unproven-gated",
+            Some(PodRole::Unproven { gated: false, .. }) => "unproven",
+            Some(PodRole::Unproven { gated: true, .. }) => "unproven-gated",
             Some(PodRole::Foreign) => "foreign",
             None => "none",
         };

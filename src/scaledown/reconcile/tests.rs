@@ -41,7 +41,8 @@ fn web(replicas: i32, recorded: bool) -> Value {
         "spec": {"replicas": replicas, "serviceName": "web",
                  "selector": {"matchLabels": {"app": "web"}},
                  "template": {"metadata": {"labels": {"app": "web"}}},
-                 "volumeClaimTemplates": [{"metadata": {"name": "data"}}]}
+                 "volumeClaimTemplates": [{"metadata": {"name": "data"}}]},
+        "status": {"replicas": replicas, "observedGeneration": 3}
     })
 }
 
@@ -379,4 +380,87 @@ fn error_backoff_doubles_and_transport_errors_retry_soon() {
     assert_eq!(transport, [1, 2, 4, 5, 5]);
     assert_eq!(secs(u32::MAX, Category::Transport), 5);
     assert_eq!(secs(u32::MAX, Category::ServerError), 300);
+}
+
+/// `server`, but every JSON patch of the set is refused (an admission policy, or a record whose
+/// test can never match).
+fn refusing_records(live: Value) -> impl Fn(&Sent) -> Answer + Send + Sync + 'static {
+    let base = server(Some(live));
+    move |sent| {
+        if sent.method == "PATCH" && sent.path == SET_PATH {
+            mock_api::status(422, "Invalid", "the record is refused")
+        } else {
+            base(sent)
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_record_refused_every_time_deletes_its_pod_and_the_set_waits_out_its_backoff() {
+    let set = Arc::new(object::<StatefulSet>(web(1, false)));
+    let (ctx, log) = context(&set, vec![stateful_pod()], refusing_records(web(1, false)));
+    let ctx = Arc::new(ctx);
+    let first = reconcile(set.clone(), ctx.clone()).await;
+    assert!(matches!(first, Err(Error::Contended { .. })), "{first:?}");
+    let record = format!("PATCH {SET_PATH}");
+    let get = format!("GET {SET_PATH}");
+    assert_eq!(
+        log.lines(),
+        [
+            format!("POST {PODS}"),
+            record.clone(),
+            get.clone(),
+            record.clone(),
+            get,
+            record,
+            format!("DELETE {PODS}/web-1"),
+        ],
+        "three tries, then the pod that never ran is deleted by UID"
+    );
+    assert_eq!(
+        log.writes_and_reads()[6].body["preconditions"]["uid"],
+        "uid-new"
+    );
+    // Whatever wakes the set meanwhile (its pod's watch events), no pass runs before the backoff.
+    for _ in 0..50 {
+        reconcile(set.clone(), ctx.clone()).await.expect("held");
+        let left = ctx.backing_off(&set).expect("still backing off");
+        assert!(left <= ERROR_BACKOFF_BASE, "{left:?}");
+    }
+    assert_eq!(log.lines().len(), 7, "{:?}", log.lines());
+    assert!(
+        !log.events().iter().any(|e| e.1 == "ReconcileFailed"),
+        "one failure is no Warning yet"
+    );
+    // After it, one more pass, one more failure: a longer wait and one Warning with the answer.
+    tokio::time::sleep(ERROR_BACKOFF_BASE + Duration::from_millis(100)).await;
+    let second = reconcile(set.clone(), ctx.clone()).await;
+    assert!(second.is_err());
+    assert_eq!(log.lines().len(), 14, "{:?}", log.lines());
+    let wait = ctx.backing_off(&set).expect("backing off");
+    assert!(wait > ERROR_BACKOFF_BASE, "{wait:?}");
+    let warnings: Vec<_> = log
+        .events()
+        .into_iter()
+        .filter(|e| e.1 == "ReconcileFailed")
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].0, "Warning");
+    assert!(
+        warnings[0].2.contains("the record is refused"),
+        "{warnings:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_recorded_pod_waits_for_the_statefulset_controller_to_let_go_of_the_ordinal() {
+    let mut counting = web(1, false);
+    counting["status"]["replicas"] = json!(2);
+    let (result, log) = pass(counting.clone(), vec![stateful_pod()], Some(counting)).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(
+        log.lines(),
+        [format!("POST {PODS}"), format!("PATCH {SET_PATH}")],
+        "recorded, holding the name, but not released"
+    );
 }
