@@ -516,10 +516,19 @@ fn unproven_pod(view: &View<'_>, ordinal: u32, pod: &PodFacts, gated: bool, plan
     }
 }
 
+/// Whether an orphaned ordinal has a claim, live or being deleted.
+fn orphaned_claims(view: &View<'_>) -> bool {
+    view.o
+        .ordinals
+        .iter()
+        .any(|(n, f)| view.orphaned(*n) && !f.claims.is_empty())
+}
+
 fn hold_events(view: &View<'_>, scan: &Scan<'_>, plan: &mut Plan) {
     let set = &view.o.set;
     match view.hold {
-        Some(Hold::RetainedByKubernetes) if scan.claims_left => {
+        // Claims being deleted count: Kubernetes may delete them before any pass saw them live.
+        Some(Hold::RetainedByKubernetes) if scan.claims_left || orphaned_claims(view) => {
             let (field, what) = if set.deleting {
                 ("whenDeleted", "deletion")
             } else {

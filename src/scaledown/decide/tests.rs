@@ -256,6 +256,9 @@ fn scale_down_table() {
 
     let mut when_scaled = with_claims(web(2), 0..3, 0..2);
     when_scaled.set.when_scaled_delete = true;
+    // Kubernetes already deleting the claim when the first pass sees the scale-down.
+    let mut when_scaled_deleting = when_scaled.clone();
+    when_scaled_deleting.ordinals.entry(2).or_default().claims[0].deleting = true;
 
     let mut foreign = with_claims(web(2), 0..3, 0..2);
     set_pod(
@@ -312,6 +315,11 @@ fn scale_down_table() {
         (
             "whenScaled: Delete",
             when_scaled,
+            vec!["warn RetentionPolicyConflict"],
+        ),
+        (
+            "whenScaled: Delete, claim already being deleted",
+            when_scaled_deleting,
             vec!["warn RetentionPolicyConflict"],
         ),
         ("foreign pod", foreign, vec!["warn ForeignPod"]),
