@@ -33,6 +33,14 @@ pub enum Error {
     /// changed after the read) every time it was tried; `answer` is the API server's last answer.
     #[error("statefulset {set} kept changing while a cleanup pod was recorded ({answer})")]
     Contended { set: String, answer: String },
+    /// The record of a new cleanup pod on the StatefulSet failed otherwise (refused by admission
+    /// or RBAC, the API server unreachable): the pod is not known to be recorded.
+    #[error("record cleanup pod on statefulset {set}: {source}")]
+    Unrecorded {
+        set: String,
+        #[source]
+        source: kube::Error,
+    },
     /// This process lost the leader Lease (or could not renew it in time) and must stop.
     #[error("lost leadership")]
     LeadershipLost,
@@ -187,7 +195,9 @@ impl Error {
 
     pub fn category(&self) -> Category {
         match self {
-            Error::Kube { source, .. } => Category::of_api(source),
+            Error::Kube { source, .. } | Error::Unrecorded { source, .. } => {
+                Category::of_api(source)
+            }
             Error::CacheNotReady(_) => Category::CacheNotReady,
             Error::Contended { .. } => Category::Contended,
             Error::Encode { .. } | Error::Request { .. } => Category::Internal,

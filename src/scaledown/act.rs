@@ -435,7 +435,10 @@ impl Actor {
                     answer: e.to_string(),
                 })
             }
-            Err(e) => Err(Error::kube("record cleanup pod on statefulset", &live.name)(e)),
+            Err(source) => Err(Error::Unrecorded {
+                set: live.name.clone(),
+                source,
+            }),
         }
     }
 

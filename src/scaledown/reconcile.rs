@@ -214,7 +214,8 @@ impl Context {
                 Err(Error::Contended { .. }) if attempt < RECORD_TRIES => {
                     pending.retain(|c| runs.iter().any(|(n, _)| *n == c.ordinal));
                 }
-                Err(err @ Error::Contended { .. }) => {
+                // Refused for good, or not known to be written: the pods never ran; delete them.
+                Err(err @ (Error::Contended { .. } | Error::Unrecorded { .. })) => {
                     pending.retain(|c| runs.iter().any(|(n, _)| *n == c.ordinal));
                     self.abandon(on, &pending).await?;
                     return Err(err);
@@ -228,10 +229,10 @@ impl Context {
     /// Deletes the cleanup pods of this pass whose record was refused every time: they never ran,
     /// and the backoff that follows the failed pass decides when the next one is created.
     async fn abandon(&self, on: &SetFacts, pending: &[Created]) -> Result<()> {
-        let why = format!("its record on the StatefulSet was refused {RECORD_TRIES} times");
+        let why = "its record on the StatefulSet failed (the set backs off before the next try)";
         let cancels: Vec<(Created, Verdict)> = pending
             .iter()
-            .map(|c| (c.clone(), Verdict::Cancel(why.clone())))
+            .map(|c| (c.clone(), Verdict::Cancel(why.into())))
             .collect();
         self.forget_created(&on.namespace, &cancels);
         self.actor

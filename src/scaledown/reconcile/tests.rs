@@ -384,11 +384,11 @@ fn error_backoff_doubles_and_transport_errors_retry_soon() {
 
 /// `server`, but every JSON patch of the set is refused (an admission policy, or a record whose
 /// test can never match).
-fn refusing_records(live: Value) -> impl Fn(&Sent) -> Answer + Send + Sync + 'static {
+fn refusing_records(live: Value, code: u16) -> impl Fn(&Sent) -> Answer + Send + Sync + 'static {
     let base = server(Some(live));
     move |sent| {
         if sent.method == "PATCH" && sent.path == SET_PATH {
-            mock_api::status(422, "Invalid", "the record is refused")
+            mock_api::status(code, "Refused", "the record is refused")
         } else {
             base(sent)
         }
@@ -398,7 +398,11 @@ fn refusing_records(live: Value) -> impl Fn(&Sent) -> Answer + Send + Sync + 'st
 #[tokio::test]
 async fn a_record_refused_every_time_deletes_its_pod_and_the_set_waits_out_its_backoff() {
     let set = Arc::new(object::<StatefulSet>(web(1, false)));
-    let (ctx, log) = context(&set, vec![stateful_pod()], refusing_records(web(1, false)));
+    let (ctx, log) = context(
+        &set,
+        vec![stateful_pod()],
+        refusing_records(web(1, false), 422),
+    );
     let ctx = Arc::new(ctx);
     let first = reconcile(set.clone(), ctx.clone()).await;
     assert!(matches!(first, Err(Error::Contended { .. })), "{first:?}");
@@ -463,4 +467,30 @@ async fn a_recorded_pod_waits_for_the_statefulset_controller_to_let_go_of_the_or
         [format!("POST {PODS}"), format!("PATCH {SET_PATH}")],
         "recorded, holding the name, but not released"
     );
+}
+
+#[tokio::test]
+async fn a_record_forbidden_by_admission_deletes_its_pod_at_once_and_backs_off() {
+    let set = Arc::new(object::<StatefulSet>(web(1, false)));
+    let (ctx, log) = context(
+        &set,
+        vec![stateful_pod()],
+        refusing_records(web(1, false), 403),
+    );
+    let ctx = Arc::new(ctx);
+    let failed = reconcile(set.clone(), ctx.clone()).await;
+    assert!(
+        matches!(&failed, Err(e) if e.category() == Category::Forbidden),
+        "{failed:?}"
+    );
+    assert_eq!(
+        log.lines(),
+        [
+            format!("POST {PODS}"),
+            format!("PATCH {SET_PATH}"),
+            format!("DELETE {PODS}/web-1"),
+        ],
+        "a 403 is not retried within the pass"
+    );
+    assert!(ctx.backing_off(&set).is_some());
 }
