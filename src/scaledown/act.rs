@@ -626,7 +626,7 @@ mod tests;
 
 /// The JSON pointer of an annotation (RFC 6901 escapes).
 /// The JSON patch of a record: `test` ops on the set's UID, generation, template annotation and
-/// our previous record as `live` shows them, then the new record. Sent encoded by
+/// our previous record (or its absence) as `live` shows them, then the new record. Sent encoded by
 /// [`apijson::to_vec`], so the template compares equal exactly when it is unchanged.
 pub fn record_ops(live: &SetFacts, records: &BTreeMap<u32, Record>) -> Vec<serde_json::Value> {
     let path = annotation_path(naming::RECORD_ANNOTATION);
@@ -638,9 +638,10 @@ pub fn record_ops(live: &SetFacts, records: &BTreeMap<u32, Record>) -> Vec<serde
         let template_path = annotation_path(naming::TEMPLATE_ANNOTATION);
         ops.push(json!({"op": "test", "path": template_path, "value": template}));
     }
-    if let Some(old) = &live.record_raw {
-        ops.push(json!({"op": "test", "path": path, "value": old}));
-    }
+    // No record in the read: the API server takes a null test value as "absent", so a record
+    // written meanwhile by another pass or writer is never overwritten from a stale read.
+    let old = live.record_raw.as_ref().map_or(json!(null), |r| json!(r));
+    ops.push(json!({"op": "test", "path": path, "value": old}));
     ops.push(json!({"op": "add", "path": path, "value": format_records(records)}));
     ops
 }

@@ -381,24 +381,26 @@ async fn a_record_that_loses_the_race_is_contended_and_releases_nothing() {
 }
 
 #[tokio::test]
-async fn the_record_has_no_test_of_a_record_that_was_not_there() {
+async fn the_record_tests_that_no_record_was_there() {
     let (_, log) = settle(None, Verdict::Run, |_| (200, json!({}))).await;
     let ops = log.writes_and_reads()[0].body.clone();
-    let tests: Vec<&Value> = ops
+    let tests: Vec<(&Value, &Value)> = ops
         .as_array()
         .expect("a JSON patch")
         .iter()
         .filter(|op| op["op"] == "test")
-        .map(|op| &op["path"])
+        .map(|op| (&op["path"], &op["value"]))
         .collect();
-    assert_eq!(
-        tests,
-        [
-            &json!("/metadata/uid"),
-            &json!("/metadata/generation"),
-            &json!(template_path())
-        ]
+    let record_path = format!(
+        "/metadata/annotations/{}",
+        naming::RECORD_ANNOTATION.replace('/', "~1")
     );
+    assert_eq!(tests.len(), 4, "{tests:?}");
+    assert_eq!(tests[0].0, &json!("/metadata/uid"));
+    assert_eq!(tests[1].0, &json!("/metadata/generation"));
+    assert_eq!(tests[2].0, &json!(template_path()));
+    // kube-apiserver applies a null test only when the path is absent.
+    assert_eq!(tests[3], (&json!(record_path), &Value::Null));
 }
 
 /// The JSON pointer of the template annotation.

@@ -172,7 +172,20 @@ fn json_patch_of(live: Option<&Value>, body: &Value) -> Answer {
     let Some(live) = live else {
         return mock_api::status(404, "NotFound", "statefulsets \"web\" not found");
     };
-    let patch: json_patch::Patch = serde_json::from_value(body.clone()).expect("a JSON patch");
+    // kube-apiserver's patcher takes a null `test` value as "the path is absent"; the json-patch
+    // crate has no such rule, so those ops are checked here and left out.
+    let mut ops = body.as_array().cloned().expect("a JSON patch");
+    for op in ops
+        .iter()
+        .filter(|op| op["op"] == "test" && op["value"].is_null())
+    {
+        let path = op["path"].as_str().expect("a path");
+        if live.pointer(path).is_some() {
+            return mock_api::status(422, "Invalid", &format!("{path} is present"));
+        }
+    }
+    ops.retain(|op| !(op["op"] == "test" && op["value"].is_null()));
+    let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).expect("a JSON patch");
     let mut set = live.clone();
     match json_patch::patch(&mut set, &patch) {
         Ok(()) => (200, set),
@@ -493,4 +506,45 @@ async fn a_record_forbidden_by_admission_deletes_its_pod_at_once_and_backs_off()
         "a 403 is not retried within the pass"
     );
     assert!(ctx.backing_off(&set).is_some());
+}
+
+#[tokio::test]
+async fn a_read_without_a_record_never_overwrites_one_written_meanwhile() {
+    // The cache shows no record; another pass (or writer) recorded a pod since.
+    let mut live = web(1, false);
+    let other = Record {
+        pod: "uid-other".into(),
+        claims: [("data-web-1".to_string(), "uid-data-1".to_string())].into(),
+    };
+    live["metadata"]["annotations"][naming::RECORD_ANNOTATION] =
+        json!(format_records(&[(1, other)].into()));
+    let (_, log) = pass(web(1, false), vec![stateful_pod()], Some(live.clone())).await;
+    let sent = log.writes_and_reads();
+    let record_path = format!(
+        "/metadata/annotations/{}",
+        naming::RECORD_ANNOTATION.replace('/', "~1")
+    );
+    let record_test = |i: usize| {
+        sent[i]
+            .body
+            .as_array()
+            .expect("a JSON patch")
+            .iter()
+            .find_map(|op| {
+                (op["op"] == "test" && op["path"] == record_path.as_str())
+                    .then(|| op["value"].clone())
+            })
+    };
+    assert_eq!(sent[1].line(), format!("PATCH {SET_PATH}"));
+    assert_eq!(record_test(1), Some(Value::Null), "absence is tested");
+    assert_eq!(
+        sent[2].line(),
+        format!("GET {SET_PATH}"),
+        "refused: read again"
+    );
+    assert_eq!(
+        record_test(3),
+        Some(live["metadata"]["annotations"][naming::RECORD_ANNOTATION].clone()),
+        "the next try tests the record it read"
+    );
 }
