@@ -9,11 +9,11 @@ FUZZ_CASES ?= 1000000
 # The image, named in one place; artifacts/*.yaml use the same (a test checks it).
 IMAGE ?= ghcr.io/statefulset-scaledown/statefulset-scaledown-controller:0.1.0
 
-.PHONY: test fmt-check clippy unit fuzz props e2e e2e-oldest e2e-faults chaos chaos-ci bench bench-report control-plane cluster-up cluster-down demo build plugin image image-push docker-image manifests deny audit
+.PHONY: test fmt-check clippy unit fuzz props e2e e2e-oldest e2e-faults chaos chaos-ci bench bench-report control-plane cluster-up cluster-down demo demo-ci build plugin image image-push docker-image manifests deny audit
 
-## test: formatting, lints, unit tests, e2e tests, the fault tests and a short seeded chaos run on the
-## local control plane
-test: fmt-check clippy unit e2e e2e-faults chaos-ci
+## test: formatting, lints, unit tests, e2e tests, the demo, the fault tests and a short seeded chaos
+## run on the local control plane
+test: fmt-check clippy unit e2e demo-ci e2e-faults chaos-ci
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -135,6 +135,12 @@ cluster-down:
 ## demo: the original's walk-through (datastore 3 -> 2) on the local control plane
 demo:
 	hack/demo.sh
+
+## demo-ci: the demo as `make test` runs it: on a cluster of hack/with-cluster.sh (started and stopped
+## if none runs), tables printed only when they change, its namespace and PVs removed at the end; fails
+## if the walk-through takes more than DEMO_TIMEOUT seconds (180) or does not clean exactly once
+demo-ci:
+	hack/with-cluster.sh hack/demo.sh --ci
 
 ## image: the OCI image in target/image/oci without a container engine (hack/image.sh): a static
 ## binary on an empty base, reproducible (SOURCE_DATE_EPOCH = the commit's time); prints the digest

@@ -4,7 +4,29 @@
 # in namespace `demo`, scales it from 3 to 2 and prints pods and claims until the cleanup pod
 # `datastore-2` came and went and the claim `data-datastore-2` is gone. The cluster stays up
 # afterwards for a look around (`make cluster-down` stops it).
+#
+#   hack/demo.sh          as above
+#   hack/demo.sh --ci     for CI (`make demo-ci`, part of `make test`; also DEMO_CI=1): prints pods
+#                         and claims only when they change, removes the namespace and its PVs at the
+#                         end, and leaves stopping the cluster to hack/with-cluster.sh
+#
+# Nothing is read from stdin. The walk-through, from applying the example to the end of the cleanup,
+# must finish within DEMO_TIMEOUT seconds (default 180), or the demo fails with the end of the
+# controller's log. It also fails unless exactly one cleanup pod was created (the controller's
+# SuccessfulCreate Events) and exactly the claims of datastore-0 and datastore-1 are left.
 set -euo pipefail
+
+ci=${DEMO_CI:-0}
+case "${1:-}" in
+--ci) ci=1 ;;
+"") ;;
+*)
+  echo "usage: $0 [--ci]" >&2
+  exit 2
+  ;;
+esac
+limit=${DEMO_TIMEOUT:-180}
+[[ "$limit" =~ ^[0-9]+$ ]] || { echo "DEMO_TIMEOUT must be a number of seconds" >&2; exit 2; }
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -12,10 +34,31 @@ ns=demo
 state=target/cluster
 kubectl=("$state/bin/kubectl" --kubeconfig "$state/kubeconfig")
 k() { "${kubectl[@]}" -n "$ns" "$@"; }
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-show() {
-  echo "\$ kubectl get pods,pvc -n $ns"
+if [[ -t 1 ]]; then
+  step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+else
+  step() { printf '\n== %s\n' "$*"; }
+fi
+state_now() {
   k get pods,pvc -o wide 2>/dev/null | awk '{print $1, $2, $3, $4, $5}' | column -t
+}
+last_shown=
+show() {
+  local now key
+  now=$(state_now)
+  # In CI only what changed (names, readiness and status; not the ages): a minute of identical
+  # tables says nothing.
+  key=$(awk '{print $1, $2, $3}' <<<"$now")
+  if [[ $ci == 1 && "$key" == "$last_shown" ]]; then return; fi
+  last_shown=$key
+  echo "\$ kubectl get pods,pvc -n $ns"
+  echo "$now"
+}
+controller_log=target/demo/controller.log
+fail() {
+  echo "demo: $*; controller log: $controller_log" >&2
+  tail -n 30 "$controller_log" >&2 || true
+  exit 1
 }
 
 step "starting the local control plane (the first run builds it from Go modules)"
@@ -34,42 +77,69 @@ old_pvs=$("${kubectl[@]}" get pv -o name | grep '^persistentvolume/demo-pv-' || 
 [[ -z "$old_pvs" ]] || "${kubectl[@]}" delete $old_pvs --wait=false >/dev/null
 
 step "creating three PersistentVolumes in the default StorageClass"
-hack/create-pvs.sh 3 --prefix demo-pv
+pvs=$(hack/create-pvs.sh 3 --prefix demo-pv)
+echo "$pvs"
 
-step "starting the controller (log: target/demo/controller.log)"
-target/debug/statefulset-scaledown-controller --kubeconfig "$state/kubeconfig" >target/demo/controller.log 2>&1 &
+step "starting the controller (log: $controller_log)"
+target/debug/statefulset-scaledown-controller --kubeconfig "$state/kubeconfig" </dev/null >"$controller_log" 2>&1 &
 controller=$!
-trap 'kill $controller 2>/dev/null || true' EXIT
+teardown() {
+  kill "$controller" 2>/dev/null || true
+  if [[ $ci == 1 ]]; then
+    # The cluster may be shared: leave nothing behind (the controller is gone, so no finalizer
+    # would be removed for us).
+    k patch statefulset datastore --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+    "${kubectl[@]}" delete namespace "$ns" --wait=false --ignore-not-found >/dev/null 2>&1 || true
+    # shellcheck disable=SC2086 # one name per word
+    [[ -z "$pvs" ]] || "${kubectl[@]}" delete pv $pvs --wait=false --ignore-not-found >/dev/null 2>&1 || true
+  fi
+}
+trap teardown EXIT
 
 "${kubectl[@]}" create namespace "$ns" >/dev/null
 until "${kubectl[@]}" -n "$ns" get serviceaccount default >/dev/null 2>&1; do sleep 0.5; done
+started=$SECONDS
+deadline=$((SECONDS + limit))
+left() { echo $((deadline > SECONDS ? deadline - SECONDS : 1)); }
 step "applying example/statefulset.yaml"
 k apply -f example/statefulset.yaml
-k wait --for=jsonpath='{.status.readyReplicas}'=3 statefulset/datastore --timeout=120s
+k wait --for=jsonpath='{.status.readyReplicas}'=3 statefulset/datastore --timeout="$(left)s" ||
+  fail "datastore did not get 3 ready replicas within $limit s"
 show
 
 step "scaling datastore from 3 to 2"
 k scale statefulset datastore --replicas 2
 seen_cleanup=no
-for _ in $(seq 1 120); do
+while ((SECONDS < deadline)); do
   sleep 1.5
-  show
   owner=$(k get pod datastore-2 -o jsonpath='{.metadata.annotations.statefulsets\.kubernetes\.io/scaledown-pod-owner}' 2>/dev/null || true)
+  # The table the note below points at is printed even if it looks like the one before.
+  [[ -z "$owner" || $seen_cleanup == yes ]] || last_shown=
+  show
   if [[ -n "$owner" && $seen_cleanup == no ]]; then
     seen_cleanup=yes
     echo "^ datastore-2 is now the cleanup pod (owner annotation: $owner)"
   fi
   succeeded=$(k get events --field-selector involvedObject.name=datastore,reason=CleanupSuccess -o name 2>/dev/null || true)
   if [[ -n "$succeeded" ]] && ! k get pod datastore-2 >/dev/null 2>&1 && ! k get pvc data-datastore-2 >/dev/null 2>&1; then
-    step "done: the cleanup pod ran, then it and data-datastore-2 were deleted"
+    step "done: the cleanup pod ran, then it and data-datastore-2 were deleted ($((SECONDS - started)) s)"
     k get events --field-selector involvedObject.name=datastore -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message |
       grep -E 'TYPE|Cleanup|cleanup|claim data-datastore-2'
+    # One cleanup pod, created once: each pod the controller creates and runs is one Event.
+    creates=$(k get events -o json | jq '[.items[] | select(.reportingComponent == "statefulset-scaledown-controller"
+      and .reason == "SuccessfulCreate")] | length')
+    ((creates == 1)) || fail "$creates cleanup pods were created for datastore-2, not 1"
+    claims=$(k get pvc -o name | sort | tr '\n' ' ')
+    [[ "$claims" == "persistentvolumeclaim/data-datastore-0 persistentvolumeclaim/data-datastore-1 " ]] ||
+      fail "claims left: $claims"
+    if [[ $ci == 1 ]]; then
+      echo "[timing] demo walk-through: $((SECONDS - started)) s"
+      exit 0
+    fi
     echo
     echo "The cluster is still up: KUBECONFIG=$root/$state/kubeconfig $state/bin/kubectl get all -n $ns"
     echo "Stop it with: make cluster-down"
     exit 0
   fi
 done
-echo "the cleanup did not finish in 180 s; controller log: target/demo/controller.log" >&2
-tail -n 30 target/demo/controller.log >&2
-exit 1
+fail "the cleanup did not finish within $limit s of applying the example"

@@ -21,6 +21,10 @@ pub const LEASE: &str = "chaos-leader";
 /// Available PVs kept in the class: claims of scale-ups bind at once.
 const SPARE_PVS: usize = 16;
 
+/// What the cleanup container runs: a script as people write them, with `&&`, `|`, `>` and `2>&1`
+/// (KWOK runs nothing, but the template must pass through the controller's record unchanged).
+pub const CLEANUP_SCRIPT: &str = "cd /var/data && tar -cf - . 2>&1 | gzip > /tmp/ordinal-$SCALEDOWN_ORDINAL.tgz && rm -rf /var/data/* > /dev/null 2>&1";
+
 /// The cleanup template of a set: succeeds (or, for the failing set, fails) 1 s after it runs.
 pub fn cleanup_template(failing: bool) -> String {
     let labels = if failing {
@@ -28,7 +32,14 @@ pub fn cleanup_template(failing: bool) -> String {
     } else {
         json!({})
     };
-    template(labels, json!({"sim.scaledown.io/after": "1s"}), "Never")
+    let mut pod: serde_json::Value = serde_json::from_str(&template(
+        labels,
+        json!({"sim.scaledown.io/after": "1s"}),
+        "Never",
+    ))
+    .expect("the fixture template is JSON");
+    pod["spec"]["containers"][0]["command"] = json!(["sh", "-c", CLEANUP_SCRIPT]);
+    pod.to_string()
 }
 
 pub struct World {

@@ -72,13 +72,15 @@ impl Controller {
     }
 
     /// Runs the controller binary with `kubeconfig`, these flags and environment; its log goes to
-    /// target/e2e-logs/<log_name>.log.
+    /// target/e2e-logs/<log_name>.log. Its `--cleanup-attempts` sets the hot-loop bound of the
+    /// namespace of its `--namespace` (see `support::hotloop`).
     pub fn spawn(
         kubeconfig: &std::path::Path,
         log_name: &str,
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Controller {
+        super::hotloop::note_controller_args(args);
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/e2e-logs");
         std::fs::create_dir_all(&dir).expect("log dir");
         let log = dir.join(format!("{log_name}.log"));

@@ -13,6 +13,7 @@
 
 pub mod deploy;
 pub mod fixtures;
+pub mod hotloop;
 pub mod pool;
 pub mod recorder;
 
@@ -172,6 +173,10 @@ impl Cluster {
     /// Creates a namespace for one test, named after `test_name` plus a unique suffix, and waits
     /// until its `default` ServiceAccount exists (pods are rejected before that). The namespace
     /// and the cluster-scoped objects created through it are deleted when it is dropped.
+    ///
+    /// It also starts the namespace's hot-loop detector ([`hotloop`]): when the namespace is
+    /// dropped at the end of a test that did not panic, the test fails if the controller created
+    /// more cleanup pods for one ordinal (in one generation of its set) than its attempts allow.
     pub async fn namespace(&self, test_name: &str) -> TestNamespace {
         let name = unique_name(test_name);
         let api: Api<Namespace> = Api::all(self.client.clone());
@@ -181,11 +186,13 @@ impl Cluster {
         api.create(&PostParams::default(), &ns)
             .await
             .unwrap_or_else(|e| panic!("e2e: cannot create namespace {name}: {e}"));
+        let hot_loop = hotloop::HotLoopCheck::start(&self.client, &name).await;
         let namespace = TestNamespace {
             name: name.clone(),
             client: self.client.clone(),
             kubeconfig: self.kubeconfig.clone(),
             classes: Mutex::new(Vec::new()),
+            hot_loop,
         };
         let sas: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &name);
         wait_for(
@@ -255,11 +262,15 @@ pub fn unique_name(test_name: &str) -> String {
 /// PersistentVolumes created with [`TestNamespace::create_static_pvs`] (without waiting for them
 /// to be gone). If the test panicked, the namespace's objects and events are printed first; set
 /// `SCALEDOWN_E2E_KEEP=1` to keep everything for a look with kubectl.
+///
+/// Dropping it also runs the hot-loop check ([`hotloop`]): it panics (failing a test that has not
+/// failed yet) if one ordinal got more cleanup pods from the controller than its attempts allow.
 pub struct TestNamespace {
     pub name: String,
     client: Client,
     kubeconfig: PathBuf,
     classes: Mutex<Vec<String>>,
+    hot_loop: Option<hotloop::HotLoopCheck>,
 }
 
 /// Reclaim policy of static PVs.
@@ -311,10 +322,49 @@ impl TestNamespace {
         let names = create_static_pvs(&self.client, &class, n, reclaim).await;
         StaticPvs { class, names }
     }
+
+    /// Opt-out of the hot-loop check for one set, visible in the test: its ordinals may get up to
+    /// `per_ordinal` cleanup pods from the controller per generation of the set, because of `why`
+    /// (e.g. the test refuses the set's record on purpose, and every backoff step creates a pod).
+    pub fn allow_cleanup_creates(&self, set: &str, per_ordinal: usize, why: &str) {
+        if let Some(check) = &self.hot_loop {
+            check.allow(set, per_ordinal, why);
+        }
+    }
+
+    /// Opt-out of the hot-loop check for the whole namespace, visible in the test, because of `why`.
+    pub fn skip_hot_loop_check(&self, why: &str) {
+        if let Some(check) = &self.hot_loop {
+            check.off(why);
+        }
+    }
+
+    /// The controller's cleanup pod creates recorded so far, per ordinal and generation of its set
+    /// (see [`hotloop::HotLoopCheck::creates`]); empty when the detector is off for the run.
+    pub fn cleanup_creates(&self) -> Vec<hotloop::OrdinalCreates> {
+        self.hot_loop
+            .as_ref()
+            .map(|c| c.creates().0)
+            .unwrap_or_default()
+    }
 }
 
 impl Drop for TestNamespace {
     fn drop(&mut self) {
+        // Judged before anything is deleted; reported after the namespace is cleaned up.
+        let hot_loop = self.hot_loop.take().map(|check| check.verdict());
+        self.clean_up();
+        match hot_loop {
+            Some(Ok(summary)) if !summary.is_empty() => eprintln!("e2e: {summary}"),
+            Some(Err(report)) if std::thread::panicking() => eprintln!("e2e: {report}"),
+            Some(Err(report)) => panic!("e2e: {report}"),
+            _ => {}
+        }
+    }
+}
+
+impl TestNamespace {
+    fn clean_up(&mut self) {
         // Synchronous kubectl calls: Drop cannot await, and the test's runtime may be shutting down.
         let kubectl = |args: &[&str]| {
             std::process::Command::new(kubectl_binary())
@@ -633,26 +683,58 @@ pub fn proc_status_kb(pid: u32, field: &str) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// Successful DELETEs of pod `name` in `namespace` sent by KWOK, from the API server's audit log.
-/// KWOK finishes a terminating pod by a DELETE by name without a UID precondition; when the name
-/// was taken again meanwhile (a cleanup pod created at once), that DELETE removes the new pod. A
-/// test that counts creations allows one more for each such delete beyond the first.
+/// Successful DELETEs of pod `name` in `namespace` sent by KWOK that may have removed a pod
+/// other than the one they were meant for, from the API server's audit log; at least one when KWOK
+/// deleted the name at all. KWOK finishes a terminating pod by a DELETE by name without a UID
+/// precondition; when the name was taken again meanwhile (a cleanup pod created at once), that
+/// DELETE removes the new pod. A test that counts creations allows one more for each such delete
+/// beyond the first.
+///
+/// KWOK sometimes sends two DELETEs for one terminating pod at once, and both answer 200; the ones
+/// that completed before the first create of the name by anyone but kube-controller-manager (our
+/// controller's cleanup pod, or a test's look-alike) met the old pod and count as one. The ones
+/// that completed after it count one each.
 pub fn kwok_pod_deletes(namespace: &str, name: &str) -> usize {
     let path = cluster_state_dir().join("logs/audit.log");
     let text = std::fs::read_to_string(&path).unwrap_or_default();
-    text.lines()
+    let entries: Vec<serde_json::Value> = text
+        .lines()
+        .filter(|line| line.contains(namespace) && line.contains(name))
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
         .filter(|e| {
             let object = &e["objectRef"];
-            e["verb"] == "delete"
-                && e["stage"] == "ResponseComplete"
-                && e["responseStatus"]["code"] == 200
-                && e["userAgent"]
-                    .as_str()
-                    .is_some_and(|a| a.starts_with("kwok/"))
+            e["stage"] == "ResponseComplete"
                 && object["resource"] == "pods"
                 && object["namespace"] == namespace
                 && object["name"] == name
         })
-        .count()
+        .collect();
+    let agent = |e: &serde_json::Value| e["userAgent"].as_str().unwrap_or("").to_string();
+    // Audit timestamps are RFC 3339 with microseconds, always 6 digits: they sort as strings.
+    let done = |e: &serde_json::Value| e["stageTimestamp"].as_str().unwrap_or("").to_string();
+    let first_create = entries
+        .iter()
+        .filter(|e| {
+            e["verb"] == "create"
+                && e["responseStatus"]["code"] == 201
+                && !agent(e).starts_with("kube-controller-manager/")
+        })
+        .map(done)
+        .min();
+    let deletes: Vec<String> = entries
+        .iter()
+        .filter(|e| {
+            e["verb"] == "delete"
+                && e["responseStatus"]["code"] == 200
+                && agent(e).starts_with("kwok/")
+        })
+        .map(done)
+        .collect();
+    match first_create {
+        None => deletes.len(),
+        Some(created) => {
+            let before = deletes.iter().filter(|d| **d <= created).count();
+            before.min(1) + (deletes.len() - before)
+        }
+    }
 }
