@@ -177,4 +177,18 @@ mod tests {
             "ALL is in declaration order"
         );
     }
+
+    #[test]
+    fn the_readme_event_table_lists_every_reason() {
+        let readme = include_str!("../README.md");
+        let missing: Vec<&str> = Reason::ALL
+            .iter()
+            .map(|r| r.as_str())
+            .filter(|name| !readme.contains(&format!("| `{name}` |")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "not in the README's Event table: {missing:?}"
+        );
+    }
 }

@@ -420,6 +420,14 @@ async fn acts_again_within_seconds_of_each_apiserver_restart() {
         .await;
     env.create_running(&SetSpec::new("late", rounds + 1, &env.class))
         .await;
+    // After each restart kube-controller-manager relists, and with a stale cache it deletes the
+    // ordinal's name again, cleanup pod included (never run: the release waits for its status);
+    // the controller creates it again at its recreate backoff (1 s, 2 s, 4 s ...).
+    env.ns.allow_cleanup_creates(
+        "late",
+        8,
+        "kube-controller-manager deletes the fresh cleanup pod by name while its cache relists",
+    );
     let pods = env.record_pods().await;
     let mut samples = Vec::new();
     for round in 0..rounds {

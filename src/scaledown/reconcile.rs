@@ -40,6 +40,10 @@ const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// about the set, so it is tried again soon after the API server is back. The relist that follows
 /// an outage also looks at every set at once (see `crate::restarting`).
 const TRANSPORT_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How long the creates of one cleanup pod name are remembered for [`recreate_delay`].
+const RECREATE_WINDOW: Duration = Duration::from_secs(600);
+/// Cap of the wait between creates of one name.
+const RECREATE_DELAY_MAX: Duration = Duration::from_secs(60);
 /// Reads of the set for one record of new cleanup pods, when the set keeps changing under us.
 const RECORD_TRIES: usize = 3;
 
@@ -53,6 +57,8 @@ pub struct Context {
     pub resync: Duration,
     /// Cleanup pods created by us that the cache may not show yet: (namespace, name) -> when.
     created: Mutex<HashMap<(String, String), Instant>>,
+    /// Creates per cleanup pod name in the last [`RECREATE_WINDOW`]: (count, last create).
+    recreates: Mutex<HashMap<(String, String), (u32, Instant)>>,
     /// What this process remembers per StatefulSet.
     memory: Mutex<HashMap<ObjectRef<StatefulSet>, Memory>>,
     /// Reconciles running now (shutdown waits for them, within its grace).
@@ -119,6 +125,7 @@ impl Context {
             metrics,
             resync,
             created: Mutex::new(HashMap::new()),
+            recreates: Mutex::new(HashMap::new()),
             memory: Mutex::new(HashMap::new()),
             running: AtomicUsize::new(0),
         }
@@ -377,6 +384,12 @@ impl Context {
                 return true;
             };
             let key = (set.namespace.clone(), naming::pod_name(&set.name, *ordinal));
+            if let Some(left) = self.recreate_wait(&key) {
+                // Created again and again (deleted by someone else before it ran, or attempts in
+                // quick succession): the next create waits, however often the set is woken.
+                retry_in = Some(retry_in.map_or(left, |r: Duration| r.min(left)));
+                return false;
+            }
             if let Some(at) = created.get(&key) {
                 // Look again once it may be created again: the pod may be gone already (the
                 // StatefulSet controller deleting the ordinal's old pod by name can take it).
@@ -441,6 +454,22 @@ impl Context {
             let key = (observed.set.namespace.clone(), created.name.clone());
             in_flight.insert(key, Instant::now());
         }
+        drop(in_flight);
+        let mut recreates = self.recreates.lock().unwrap_or_else(|p| p.into_inner());
+        recreates.retain(|_, (_, last)| last.elapsed() < RECREATE_WINDOW);
+        for created in &done.created {
+            let key = (observed.set.namespace.clone(), created.name.clone());
+            let entry = recreates.entry(key).or_insert((0, Instant::now()));
+            *entry = (entry.0.saturating_add(1), Instant::now());
+        }
+    }
+
+    /// How long a create of cleanup pod `key` must still wait, given its creates in the window.
+    fn recreate_wait(&self, key: &(String, String)) -> Option<Duration> {
+        let recreates = self.recreates.lock().unwrap_or_else(|p| p.into_inner());
+        let (count, last) = recreates.get(key)?;
+        let left = recreate_delay(count.saturating_add(1)).saturating_sub(last.elapsed());
+        (!left.is_zero()).then_some(left)
     }
 
     /// Forgets a set's failures after a good pass (`None`); counts a failed one and sets the time
@@ -590,6 +619,19 @@ pub fn error_policy(set: Arc<StatefulSet>, _err: &Error, ctx: Arc<Context>) -> A
             .unwrap_or(ERROR_BACKOFF_BASE)
             .max(Duration::from_millis(1)),
     )
+}
+
+/// The least time between the `nth` create of one cleanup pod name (within [`RECREATE_WINDOW`])
+/// and the one before: none for the first two, then 1 s doubling to [`RECREATE_DELAY_MAX`]. A
+/// pod deleted by someone else before it ran (a stale StatefulSet controller deleting by name, a
+/// forger taking the name) is thus created again at a rate set by this backoff, never by theirs.
+fn recreate_delay(nth: u32) -> Duration {
+    if nth <= 2 {
+        return Duration::ZERO;
+    }
+    Duration::from_secs(1)
+        .saturating_mul(2u32.saturating_pow(nth - 3))
+        .min(RECREATE_DELAY_MAX)
 }
 
 /// The wait after the `failures`-th failed pass in a row: 1 s doubling to 5 min, or to

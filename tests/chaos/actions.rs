@@ -89,6 +89,12 @@ impl World {
             self.delete_pod(set, &name, None).await;
             match pods.create(&PostParams::default(), &pod).await {
                 Ok(created) => {
+                    // Each try deleted whatever held the name, the controller's pod included.
+                    self.namespaces[def.ns].allow_more_cleanup_creates(
+                        &def.name,
+                        tries,
+                        "the forger deletes the controller's cleanup pod to take its name",
+                    );
                     let uid = created.uid().unwrap_or_default();
                     self.forged.insert(uid.clone());
                     self.live_forged.push((set, name.clone(), uid.clone()));
@@ -128,6 +134,11 @@ impl World {
                 let deleted = self
                     .delete_pod(set, &p.name_any(), p.uid().as_deref())
                     .await;
+                self.namespaces[def.ns].allow_more_cleanup_creates(
+                    &def.name,
+                    1,
+                    "the chaos runner deleted one of its cleanup pods",
+                );
                 format!("deleted cleanup pod {} ({deleted})", p.name_any())
             }
             None => format!("no cleanup pod of {} to delete", def.name),

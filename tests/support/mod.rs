@@ -332,6 +332,14 @@ impl TestNamespace {
         }
     }
 
+    /// Raises the hot-loop bound of `set` by `more` creates per ordinal, visibly, because of `why`
+    /// (the test itself deleted the controller's cleanup pods `more` times).
+    pub fn allow_more_cleanup_creates(&self, set: &str, more: usize, why: &str) {
+        if let Some(check) = &self.hot_loop {
+            check.allow_more(set, more, why);
+        }
+    }
+
     /// Opt-out of the hot-loop check for the whole namespace, visible in the test, because of `why`.
     pub fn skip_hot_loop_check(&self, why: &str) {
         if let Some(check) = &self.hot_loop {

@@ -548,3 +548,29 @@ async fn a_read_without_a_record_never_overwrites_one_written_meanwhile() {
         "the next try tests the record it read"
     );
 }
+
+#[test]
+fn recreates_of_one_name_back_off() {
+    let secs: Vec<u64> = (1..=10).map(|n| recreate_delay(n).as_secs()).collect();
+    assert_eq!(secs, [0, 0, 1, 2, 4, 8, 16, 32, 60, 60]);
+}
+
+#[tokio::test]
+async fn a_pod_deleted_by_someone_else_again_and_again_is_created_at_the_backoff_pace() {
+    let set: StatefulSet = object(web(1, false));
+    let (ctx, log) = context(&set, vec![stateful_pod()], server(Some(web(1, false))));
+    let key = ("ns".to_string(), "web-1".to_string());
+    // Two creates of web-1 a moment ago; someone deleted both before they ran.
+    ctx.recreates
+        .lock()
+        .expect("lock")
+        .insert(key.clone(), (2, Instant::now()));
+    let action = ctx.pass(&set).await.expect("pass");
+    assert!(log.lines().is_empty(), "held back: {:?}", log.lines());
+    assert_ne!(
+        action,
+        Action::await_change(),
+        "it looks again once the wait is over"
+    );
+    assert!(ctx.recreate_wait(&key).is_some());
+}
