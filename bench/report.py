@@ -23,7 +23,7 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 PLOTS = os.path.join(ROOT, "bench", "plots")
 MARKDOWN = os.path.join(ROOT, "BENCHMARKS.md")
 
-SCENARIOS = ["single", "sets20", "sets500", "idle"]
+SCENARIOS = ["single", "sets20", "sets500", "corpus", "idle"]
 # kube-controller-manager work queues on the path of a scale-down's claims.
 QUEUES = ["statefulset", "garbage_collector_attempt_to_delete", "pvcprotection"]
 NOTES = os.path.join(ROOT, "bench", "notes.md")
@@ -31,6 +31,8 @@ TITLES = {
     "single": "1 set of 2 → 1, rounds one after another (latency floor)",
     "sets20": "20 sets of 3 → 2 at once",
     "sets500": "500 sets of 2 → 1 at once, one namespace",
+    "corpus": "100 sets of 2 → 1 at once, each with its own shell-heavy cleanup template "
+              "(`&&`, `||`, `|`, `<`, `>`, `2>&1`, here-docs, non-ASCII, U+2028, CRLF, YAML block scalars)",
     "idle": "idle: background pods and annotated sets, nothing changes",
 }
 # (key, label, from event, to event)
@@ -39,6 +41,10 @@ LATENCIES = [
     ("deletion", "cleanup Succeeded → claim deletion seen", "cleanup_succeeded_ms", "claim_deleting_ms"),
     ("deleting", "stateful pod gone → claim deletion seen", "pod_gone_ms", "claim_deleting_ms"),
     ("gone", "stateful pod gone → claim gone", "pod_gone_ms", "claim_gone_ms"),
+    ("released", "cleanup pod created → released (confirm gate removed)", "released_pod_created_ms",
+     "cleanup_released_ms"),
+    ("allowed", "release allowed (set status caught up, or pod created if later) → released", "release_allowed_ms",
+     "cleanup_released_ms"),
 ]
 
 
@@ -75,8 +81,18 @@ def ordinals(p):
     return [o for r in (p or {}).get("rounds", []) for o in r["ordinals"]]
 
 
+def event(o, key):
+    """An ordinal's event time; `release_allowed_ms` is when the release rule first held: the
+    released pod existed and the set's status showed the StatefulSet controller done."""
+    if key == "release_allowed_ms":
+        created, caught_up = o.get("released_pod_created_ms"), o.get("set_caught_up_ms")
+        return None if created is None or caught_up is None else max(created, caught_up)
+    return o.get(key)
+
+
 def latencies(p, start, end):
-    return [o[end] - o[start] for o in ordinals(p) if o.get(start) is not None and o.get(end) is not None]
+    pairs = ((event(o, start), event(o, end)) for o in ordinals(p))
+    return [b - a for a, b in pairs if a is not None and b is not None]
 
 
 def ms(v):
@@ -134,17 +150,76 @@ def commit_of(run):
     return v["controller_commit"] + ("+dirty" if v.get("controller_dirty") else "")
 
 
+def cleanup_stats(p):
+    """The cleanup pods of a controller phase over all its rounds. Runs before the audit log was
+    read (no `cleanup_pods` per round) have None for what only it tells."""
+    if not p or not p.get("rounds"):
+        return None
+    ords = ordinals(p)
+    counts = [o.get("cleanup_pods", 0) for o in ords]
+    summaries = [r.get("cleanup_pods") for r in p["rounds"]]
+    audited = all(isinstance(x, dict) and x.get("audit") for x in summaries)
+
+    def total(key):
+        return sum(x.get(key) or 0 for x in summaries) if audited else None
+
+    by = {}
+    for x in summaries if audited else []:
+        for k, v in (x.get("late_deletes_by") or {}).items():
+            by[k] = by.get(k, 0) + v
+    audit = p.get("audit") or {}
+    records = audit.get("record_patches") if audit.get("available") else None
+    errors = (p.get("controller") or {}).get("reconcile_errors_in_window")
+    return {
+        "ordinals": len(ords),
+        "creates": sum(counts),
+        "per_ordinal": sum(counts) / len(ords) if ords else None,
+        "max": max(counts) if counts else None,
+        "late": total("late_deletes"),
+        "late_gated": total("late_deletes_gated"),
+        "late_by": by,
+        "controller_early": total("deleted_by_controller_before_start"),
+        "after_start": total("deleted_by_others_after_start"),
+        "records": records["total"] if records else None,
+        "records_failed": records["failed"] if records else None,
+        "records_failed_by_code": (records or {}).get("failed_by_code") or {},
+        "contended": None if errors is None else errors.get("contended", 0),
+    }
+
+
+def record_failures(stats):
+    """Refused record patches from the audit log, else failed `contended` passes from the metric."""
+    if not stats:
+        return None
+    return stats["records_failed"] if stats["records_failed"] is not None else stats["contended"]
+
+
+def cluster_of(run):
+    """How the run's cluster was shared, from its phases (None: not recorded)."""
+    infos = [p.get("cluster") for p in run["phases"] if p.get("cluster")]
+    if not infos:
+        return None
+    return {
+        "shared": any(i["shared"] for i in infos),
+        "others": max(max(i["other_namespaces_at_start"], i["other_namespaces_at_end"]) for i in infos),
+        "scoped": any(i.get("controller_scope") == "namespace" for i in infos),
+    }
+
+
 # === markdown ===
 
 def runs_table(runs):
-    out = ["| Scenario | Date (UTC) | Commit | Seed | Command | Load (1 min) at start | Took |",
-           "|---|---|---|---|---|---|---|"]
+    out = ["| Scenario | Date (UTC) | Commit | Seed | Command | Cluster | Load (1 min) at start | Took |",
+           "|---|---|---|---|---|---|---|---|"]
     for s in SCENARIOS:
         r = latest(runs, s)
         if r is None:
             continue
         load = r.get("loadavg_start") or [None]
-        out.append(f"| `{s}` | {r['started_at']} | `{commit_of(r)}` | {r['seed']} | `{r['command']}` | "
+        c = cluster_of(r)
+        cluster = "–" if c is None else (
+            f"shared ({c['others']} other namespace{'' if c['others'] == 1 else 's'})" if c["shared"] else "fresh")
+        out.append(f"| `{s}` | {r['started_at']} | `{commit_of(r)}` | {r['seed']} | `{r['command']}` | {cluster} | "
                    f"{num(load[0], 2)} | {num(r.get('duration_s', 0) / 60, 1)} min |")
     return out
 
@@ -184,6 +259,77 @@ def latency_table(run, before):
         blanks = 2 if p is b else 3
         row += " " + " | ".join([""] * blanks + [ms(all_done_ms(p))]) + " |"
     out.append(row)
+    return out
+
+
+def cleanup_table(run, before):
+    c = cleanup_stats(phase(run, "controller"))
+    if c is None:
+        return []
+    b = cleanup_stats(phase(before, "controller")) if before else None
+    head = f"| Cleanup pods | `{commit_of(run)}` |"
+    sep = "|---|---|"
+    if before:
+        head += f" before (`{commit_of(before)}`) |"
+        sep += "---|"
+
+    def count(v):
+        return "–" if v is None else str(v)
+
+    def late(x):
+        if x["late"] is None:
+            return "–"
+        by = ", ".join(f"{k} {v}" for k, v in sorted(x["late_by"].items()))
+        return f"{x['late']}" + (f" ({by})" if by else "")
+
+    def records(x):
+        if x["records_failed"] is None:
+            return "–"
+        codes = ", ".join(f"{v} × {k}" for k, v in sorted(x["records_failed_by_code"].items()))
+        return f"{x['records_failed']} of {x['records']}" + (f" ({codes})" if codes else "")
+
+    rows = [
+        ("orphaned ordinals", lambda x: count(x["ordinals"])),
+        ("cleanup pods created (distinct UIDs seen): total, per ordinal",
+         lambda x: f"{x['creates']}, {num(x['per_ordinal'], 2)}"),
+        ("most cleanup pods under one ordinal", lambda x: count(x["max"])),
+        ("deleted by someone else before they started (late deletes), by sender", late),
+        ("… of them still gated", lambda x: count(x["late_gated"])),
+        ("deleted by the controller before they started", lambda x: count(x["controller_early"])),
+        ("deleted by someone else after they started", lambda x: count(x["after_start"])),
+        ("record patches the API server refused (audit log)", records),
+        ("failed passes, `contended` (`scaledown_reconcile_errors_total`)", lambda x: count(x["contended"])),
+    ]
+    out = [head, sep]
+    for label, cell in rows:
+        row = f"| {label} | {cell(c)} |"
+        if before:
+            row += f" {cell(b) if b else '–'} |"
+        out.append(row)
+    return out
+
+
+def cluster_lines(run):
+    def namespaces(n):
+        return f"{n} other namespace" + ("" if n == 1 else "s")
+
+    out = []
+    for p in run["phases"]:
+        info = p.get("cluster")
+        if not info:
+            continue
+        audit = p.get("audit") or {}
+        if info["shared"]:
+            writes = audit.get("other_namespaces_lines")
+            text = (f"shared with other runs: {namespaces(info['other_namespaces_at_start'])} at the start, "
+                    f"{info['other_namespaces_at_end']} at the end"
+                    + (f", {writes} writes of pods, claims and sets in them during the phase (audit log)"
+                       if writes is not None else ""))
+            if info.get("controller_scope") == "namespace":
+                text += "; the controller watched only its own namespace (`--namespace`)"
+        else:
+            text = "fresh (no other namespaces)"
+        out.append(f"- Cluster during the {p['mode']} phase: {text}.")
     return out
 
 
@@ -297,8 +443,9 @@ def targets(runs):
 
 def history(runs):
     out = ["| File | Scenario | Date (UTC) | Commit | p99 pod gone → cleanup created | p99 Succeeded → claim deletion | "
-           "last ordinal done | RSS after | CPU (window) | Requests besides watches |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "p99 created → released | last ordinal done | most cleanup pods under one ordinal | late deletes | "
+           "refused records | RSS after | CPU (window) | Requests besides watches |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(runs, key=lambda r: r["started_at"]):
         p = phase(r, "controller")
         c = (p or {}).get("controller") or {}
@@ -307,8 +454,16 @@ def history(runs):
         rss = (c.get("rss_mib") or {}).get("after")
         cpu = (c.get("cpu_s") or {}).get("window")
         req = (c.get("requests_in_window") or {}).get("non_watch_total")
+        released = quantile(latencies(p, "released_pod_created_ms", "cleanup_released_ms"), 0.99)
+        stats = cleanup_stats(p)
+
+        def cell(v):
+            return "–" if v is None else str(v)
+
         out.append(f"| [{os.path.basename(r['_file'])}]({r['_file']}) | `{r['scenario']}` | {r['started_at']} | "
-                   f"`{commit_of(r)}` | {ms(created)} | {ms(deletion)} | {ms(all_done_ms(p))} | "
+                   f"`{commit_of(r)}` | {ms(created)} | {ms(deletion)} | {ms(released)} | {ms(all_done_ms(p))} | "
+                   f"{cell(stats and stats['max'])} | {cell(stats and stats['late'])} | "
+                   f"{cell(record_failures(stats))} | "
                    f"{num(rss)} MiB | {num(cpu, 2)} s | {'–' if req is None else int(req)} |")
     return out
 
@@ -340,7 +495,11 @@ def markdown(runs):
             out += idle_section(r) + [""]
             continue
         before = baseline(runs, s, r)
-        out += latency_table(r, before) + [""] + controller_lines(r) + control_plane_lines(r) + [""]
+        out += latency_table(r, before) + [""]
+        cleanup = cleanup_table(r, before)
+        if cleanup:
+            out += cleanup + [""]
+        out += controller_lines(r) + cluster_lines(r) + control_plane_lines(r) + [""]
         out += [f"![latency CDFs of {s}](bench/plots/latency-{s}.png)", ""]
     out += ["## Memory over time", "", "![controller RSS over time](bench/plots/memory.png)", ""]
     if os.path.exists(NOTES):

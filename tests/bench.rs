@@ -4,6 +4,10 @@
 //! - `single`: 1 set of 2 scaled to 1, ten rounds one after another (the latency floor);
 //! - `sets20`: 20 sets of 3 scaled to 2 at once;
 //! - `sets500`: 500 sets of 2 scaled to 1 at once, in one namespace;
+//! - `corpus`: 100 sets of 2 scaled to 1 at once, each with its own cleanup template full of shell
+//!   operators, here-docs, non-ASCII text, U+2028, CRLF and YAML block scalars (`bench/corpus.rs`;
+//!   `--corpus 1` gives any scale-down scenario those templates). Not in `make bench`'s default
+//!   list: `make bench SCENARIO=corpus`;
 //! - `idle`: 10,000 background pods in 20 namespaces and 1,000 annotated sets of one pod in 10
 //!   namespaces; the controller starts on that and then sits idle.
 //!
@@ -11,20 +15,30 @@
 //! deleting the claims itself (`native`: `persistentVolumeClaimRetentionPolicy.whenScaled:
 //! Delete`, no controller), each phase in its own namespace, the second after the first's
 //! namespace is gone. Watches record every pod and claim change; per orphaned ordinal the run
-//! reports when the stateful pod was gone, the cleanup pod created and Succeeded, and the claim
-//! deleted and gone. The controller's RSS (sampled from /proc every 200 ms), CPU seconds, its
+//! reports when the stateful pod was gone, the cleanup pod created, released (its scheduling gate
+//! removed) and Succeeded, and the claim deleted and gone; and every cleanup pod that went away
+//! before it started, with who sent the DELETE (the API server's audit log, `bench/audit.rs`), as
+//! well as the controller's refused record patches. The controller's RSS (sampled from /proc every 200 ms), CPU seconds, its
 //! own request counters (`scaledown_api_requests_total` on /metrics) and start-to-ready time
 //! are recorded too, as are the control plane's CPU and client-side throttling.
 //!
 //! Output: `bench/results/<scenario>-<UTC time>.json` (see bench/README.md for the fields);
 //! `bench/report.py` turns the results into BENCHMARKS.md and the plots.
 //!
+//! On a cluster that other runs use at the same time (namespaces besides the system ones), the
+//! controller watches only the phase's namespace (`--namespace`), so it neither acts on their sets
+//! nor they on its; the result records that (`phases[].cluster`).
+//!
 //! Arguments: `--scenario NAME --seed N [--sets N --replicas N --to N --rounds N --pods N
 //! --pod-namespaces N --set-namespaces N --idle-seconds N --cleanup-seconds X --timeout SECS
-//! --modes controller,native --controller-arg FLAG ... --out DIR]`, or `--self-test`.
+//! --corpus 0|1 --modes controller,native --controller-arg FLAG ... --out DIR]`, or `--self-test`.
 
 mod support;
 
+#[path = "bench/audit.rs"]
+mod audit;
+#[path = "bench/corpus.rs"]
+mod corpus;
 #[path = "bench/idle.rs"]
 mod idle;
 #[path = "bench/probe.rs"]
@@ -47,8 +61,9 @@ use serde_json::{Value, json};
 
 use scaledown::Mode;
 
-/// The scenarios `make bench` runs, in this order.
-const SCENARIOS: [&str; 4] = ["single", "sets20", "sets500", "idle"];
+/// The scenarios. `make bench` runs all but `corpus` by default (the Makefile's list), in this
+/// order; `make bench SCENARIO=corpus` runs that one.
+const SCENARIOS: [&str; 5] = ["single", "sets20", "sets500", "corpus", "idle"];
 
 struct Options {
     scenario: String,
@@ -82,6 +97,13 @@ fn preset(scenario: &str) -> Option<Vec<(&'static str, &'static str)>> {
             ("to", "1"),
             ("rounds", "1"),
         ],
+        "corpus" => &[
+            ("sets", "100"),
+            ("replicas", "2"),
+            ("to", "1"),
+            ("rounds", "1"),
+            ("corpus", "1"),
+        ],
         "idle" => &[
             ("pods", "10000"),
             ("pod-namespaces", "20"),
@@ -94,7 +116,7 @@ fn preset(scenario: &str) -> Option<Vec<(&'static str, &'static str)>> {
     Some(common.iter().chain(own).copied().collect())
 }
 
-const PARAMETERS: [&str; 11] = [
+const PARAMETERS: [&str; 12] = [
     "sets",
     "replicas",
     "to",
@@ -105,6 +127,7 @@ const PARAMETERS: [&str; 11] = [
     "idle-seconds",
     "cleanup-seconds",
     "timeout",
+    "corpus",
     "seed",
 ];
 
@@ -154,6 +177,8 @@ fn options() -> Result<Options, String> {
         }
     }
     if o.self_test {
+        // `--self-test --corpus 1 --sets 100` checks the templates of a 100-set corpus run.
+        o.values = overrides;
         return Ok(o);
     }
     let preset = preset(&o.scenario).ok_or(format!(
@@ -197,8 +222,21 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match timeline::self_test() {
-        Ok(n) => println!("bench: self-test: {n} checks of the timeline and latency code passed"),
+    let corpus_sets = if options.number("corpus") > 0.0 {
+        options.count("sets")
+    } else {
+        corpus::VARIANTS
+    };
+    let tests = [
+        timeline::self_test(),
+        audit::self_test(),
+        corpus::self_test(corpus_sets, options.seed),
+    ];
+    match tests.into_iter().collect::<Result<Vec<usize>, String>>() {
+        Ok(n) => println!(
+            "bench: self-test: {} checks of the timeline, latency, audit-log and corpus code passed",
+            n.iter().sum::<usize>()
+        ),
         Err(e) => {
             println!("bench: self-test FAILED: {e}");
             return ExitCode::from(2);
@@ -255,6 +293,7 @@ async fn run(o: &Options) -> Value {
             rounds: o.count("rounds").max(1),
             cleanup_seconds: o.number("cleanup-seconds"),
             timeout: o.timeout(),
+            corpus: o.number("corpus") > 0.0,
         };
         for mode in &o.modes {
             phases.push(scaledown::run(&o.scenario, &p, *mode, o.seed, &o.controller_args).await);

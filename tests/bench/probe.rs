@@ -184,11 +184,25 @@ pub fn by_verb(requests: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
     out
 }
 
-/// The controller's request counters now (empty if /metrics did not answer).
-pub async fn controller_requests(port: u16) -> BTreeMap<String, f64> {
+/// `scaledown_reconcile_errors_total` by category (`contended`: a record refused every time it
+/// was tried), from the controller's /metrics.
+pub fn reconcile_errors(metrics: &str) -> BTreeMap<String, f64> {
+    samples(metrics)
+        .into_iter()
+        .filter_map(|(key, v)| {
+            let labels = key.strip_prefix("scaledown_reconcile_errors_total{")?;
+            let start = labels.find("category=\"")? + "category=\"".len();
+            let len = labels[start..].find('"')?;
+            Some((labels[start..start + len].to_string(), v))
+        })
+        .collect()
+}
+
+/// The controller's request counters and reconcile errors now (empty if /metrics did not answer).
+pub async fn controller_counters(port: u16) -> (BTreeMap<String, f64>, BTreeMap<String, f64>) {
     match http_get(port, "/metrics").await {
-        Some((200, body)) => api_requests(&body),
-        _ => BTreeMap::new(),
+        Some((200, body)) => (api_requests(&body), reconcile_errors(&body)),
+        _ => (BTreeMap::new(), BTreeMap::new()),
     }
 }
 

@@ -4,19 +4,21 @@
 //! `persistentVolumeClaimRetentionPolicy.whenScaled: Delete`, no controller running).
 //! Every pod and claim change is recorded by a watch; the timelines come from those records.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::Api;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
+use statefulset_scaledown_controller::naming;
 
+use crate::audit;
 use crate::probe::{self, round3};
 use crate::support::Cluster;
 use crate::support::fixtures::{SetSpec, template_running_for};
 use crate::support::recorder::{Recorder, Seen};
-use crate::timeline::{self, Change, Orphan, Timeline};
+use crate::timeline::{self, Change, Orphan, SetChange, Timeline};
 use crate::under_test::UnderTest;
 use crate::world::{self, Latest, Rng, bound, running};
 
@@ -30,6 +32,9 @@ pub struct Params {
     pub cleanup_seconds: f64,
     /// Per wait: sets up, one round done.
     pub timeout: Duration,
+    /// Every set gets its own cleanup template from [`crate::corpus`] (shell operators, here-docs,
+    /// non-ASCII, U+2028, CRLF, YAML) instead of the plain JSON one.
+    pub corpus: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +58,7 @@ struct Phase {
     names: Vec<String>,
     pods: Recorder<Pod>,
     claims: Recorder<PersistentVolumeClaim>,
+    sets: Recorder<StatefulSet>,
     latest_pods: Latest<Pod>,
     latest_claims: Latest<PersistentVolumeClaim>,
 }
@@ -83,14 +89,54 @@ pub async fn run(
     let pvs = world::static_pvs(&ns, p.sets * p.replicas as usize + spare).await;
     let pods = Recorder::start(ns.api(), watcher::Config::default()).await;
     let claims = Recorder::start(ns.api(), watcher::Config::default()).await;
+    let set_recorder = Recorder::start(ns.api(), watcher::Config::default()).await;
+    let others_at_start = world::other_namespaces(&cluster.client, &ns.name).await;
+    // On a cluster other runs use too, a controller watching every namespace would act on their
+    // sets (and they would see its pods): it watches only the phase's namespace then.
+    let scoped = !others_at_start.is_empty()
+        && !controller_args
+            .iter()
+            .any(|a| a.starts_with("--namespace") || a.starts_with("--localOnly"));
+    let mut args = controller_args.to_vec();
+    if scoped {
+        args.push(format!("--namespace={}", ns.name));
+    }
+    if !others_at_start.is_empty() {
+        println!(
+            "bench:   shared cluster: {} other namespaces{}",
+            others_at_start.len(),
+            if scoped && mode == Mode::Controller {
+                format!("; the controller watches only {}", ns.name)
+            } else {
+                String::new()
+            }
+        );
+    }
     let controller = match mode {
         Mode::Controller => {
-            Some(UnderTest::start(&cluster, &format!("bench-{scenario}"), controller_args).await)
+            Some(UnderTest::start(&cluster, &format!("bench-{scenario}"), &args).await)
         }
         Mode::Native => None,
     };
     let names: Vec<String> = (0..p.sets).map(|i| format!("s-{i:04}")).collect();
-    let sets = names.iter().map(|n| set(n, &pvs.class, p, mode)).collect();
+    let after = format!("{}ms", (p.cleanup_seconds * 1000.0) as u64);
+    let templates: Vec<String> = if p.corpus {
+        crate::corpus::templates(p.sets, &after, seed)
+    } else {
+        vec![template_running_for(&after); p.sets]
+    };
+    let mut preflight = Vec::new();
+    if p.corpus && mode == Mode::Controller {
+        preflight = crate::corpus::preflight(&ns.api(), &templates).await;
+        for refusal in &preflight {
+            println!("bench:   corpus: the API server refuses a pod of {refusal}");
+        }
+    }
+    let sets = names
+        .iter()
+        .zip(&templates)
+        .map(|(n, t)| set(n, t, &pvs.class, p, mode))
+        .collect();
     let api: Api<StatefulSet> = ns.api();
     world::create_all(|_| api.clone(), sets).await;
     let mut phase = Phase {
@@ -99,6 +145,7 @@ pub async fn run(
         names,
         pods,
         claims,
+        sets: set_recorder,
         latest_pods: Latest::new(),
         latest_claims: Latest::new(),
     };
@@ -118,6 +165,7 @@ pub async fn run(
     );
     let mut rng = Rng::new(seed);
     let mut rounds = Vec::new();
+    let audit_mark = audit::mark();
     let started = Instant::now();
     for round in 0..p.rounds {
         if !setup_ok {
@@ -132,7 +180,8 @@ pub async fn run(
         }
     }
     let scale_s = started.elapsed().as_secs_f64();
-    // Let the controller go quiet before "after": what it keeps is what it holds at rest.
+    // Let the controller go quiet before "after": what it keeps is what it holds at rest (and the
+    // API server write the last audit entries of the rounds).
     tokio::time::sleep(Duration::from_secs(5)).await;
     let cpu_after = probe::component_cpu();
     let cpu: std::collections::BTreeMap<String, f64> = probe::delta(&cpu_after, &cpu_before);
@@ -143,6 +192,17 @@ pub async fn run(
         _ => Value::Null,
     };
     let load_after = probe::loadavg();
+    // Read after the snapshots, so the parsing is not in the controller's window.
+    let audit_read = audit_mark.map(|m| audit::read_since(&m, &phase.ns.name));
+    let identity = audit_read
+        .as_ref()
+        .and_then(|r| audit::identity(&r.entries));
+    let rounds: Vec<Value> = rounds
+        .iter()
+        .map(|r| r.json(audit_read.as_ref(), identity.as_ref()))
+        .collect();
+    let audit_json = audit::phase_json(audit_read.as_ref(), &phase.ns.name);
+    let others_at_end = world::other_namespaces(&phase.cluster.client, &phase.ns.name).await;
     let teardown = phase.teardown(controller).await;
     json!({
         "mode": mode.as_str(),
@@ -152,21 +212,28 @@ pub async fn run(
         "rounds": rounds,
         "controller": controller_json,
         "control_plane": control_plane,
+        "audit": audit_json,
+        "corpus_preflight_refused": preflight,
+        "cluster": {
+            "shared": !others_at_start.is_empty() || !others_at_end.is_empty(),
+            "other_namespaces_at_start": others_at_start.len(),
+            "other_namespaces_at_end": others_at_end.len(),
+            "controller_scope": match mode {
+                Mode::Native => Value::Null,
+                Mode::Controller if scoped => json!("namespace"),
+                Mode::Controller => json!("cluster"),
+            },
+        },
     })
 }
 
-/// A set of the phase: Parallel pod management, one claim template; the cleanup template (which
-/// runs `cleanup_seconds`) or the retention policy.
-fn set(name: &str, class: &str, p: &Params, mode: Mode) -> StatefulSet {
+/// A set of the phase: Parallel pod management, one claim template; the cleanup `template` (whose
+/// pods run `cleanup_seconds`) or the retention policy.
+fn set(name: &str, template: &str, class: &str, p: &Params, mode: Mode) -> StatefulSet {
     let mut spec = SetSpec::new(name, p.replicas, class);
     spec.parallel = true;
     match mode {
-        Mode::Controller => {
-            spec.template = Some(template_running_for(&format!(
-                "{}ms",
-                (p.cleanup_seconds * 1000.0) as u64
-            )))
-        }
+        Mode::Controller => spec.template = Some(template.to_string()),
         Mode::Native => {
             spec.template = None;
             spec.extra_spec = json!({"persistentVolumeClaimRetentionPolicy": {"whenScaled": "Delete", "whenDeleted": "Retain"}});
@@ -211,15 +278,20 @@ impl Phase {
     }
 
     /// One scale-down of every set, in a seeded order, until every orphaned claim is gone (and
-    /// no cleanup pod is left). Returns the round's JSON.
-    async fn round(&mut self, round: usize, p: &Params, mode: Mode, rng: &mut Rng) -> Value {
+    /// no cleanup pod is left). Returns what the watches recorded; [`RoundData::json`] turns it
+    /// into the round's JSON once the audit log of the phase is read.
+    async fn round(&mut self, round: usize, p: &Params, mode: Mode, rng: &mut Rng) -> RoundData {
         self.latest_pods.refresh(&self.pods);
         self.latest_claims.refresh(&self.claims);
         let orphans = self.orphans(round, p);
-        let (pod_mark, claim_mark) = (self.pods.mark(), self.claims.mark());
+        let (pod_mark, claim_mark, set_mark) =
+            (self.pods.mark(), self.claims.mark(), self.sets.mark());
         let mut order = self.names.clone();
         rng.shuffle(&mut order);
         let scale_start = Instant::now();
+        let origin_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
         let issued = world::scale_all(&self.ns.api(), &order, p.to).await;
         let done = self.wait_round_done(&orphans, mode, p.timeout).await;
         let elapsed = scale_start.elapsed();
@@ -235,27 +307,29 @@ impl Phase {
             .iter()
             .map(|s| change(s, scale_start))
             .collect();
-        let timelines: Vec<Timeline> = orphans
+        let sets: Vec<SetChange> = self
+            .sets
+            .since(set_mark)
             .iter()
-            .map(|o| timeline::timeline(o, &pods, &claims))
+            .map(|s| set_change(s, scale_start, p.to))
             .collect();
-        let create_counts: Vec<usize> = timelines.iter().map(|t| t.cleanup_pods).collect();
         println!(
             "bench:   round {round}: {} orphans, done {done} after {:.1} s (patches issued in {} ms)",
             orphans.len(),
             elapsed.as_secs_f64(),
             issued.as_millis()
         );
-        json!({
-            "round": round,
-            "orphans": orphans.len(),
-            "complete": done,
-            "patches_issued_ms": issued.as_millis() as u64,
-            "all_done_ms": elapsed.as_millis() as u64,
-            "max_cleanup_pods_per_ordinal": create_counts.iter().max(),
-            "latency_ms": timeline::latency_summaries(&timelines),
-            "ordinals": orphans.iter().zip(&timelines).map(|(o, t)| timeline::timeline_json(o, t)).collect::<Vec<_>>(),
-        })
+        RoundData {
+            round,
+            orphans,
+            done,
+            issued,
+            elapsed,
+            origin_unix_ms,
+            pods,
+            claims,
+            sets,
+        }
     }
 
     /// The ordinals `to..replicas` of every set, with the UIDs of their pod and claim now.
@@ -331,32 +405,108 @@ impl Phase {
             c.stop().await;
         }
         world::strip_finalizers(&self.ns.api()).await;
-        drop((self.pods, self.claims));
+        drop((self.pods, self.claims, self.sets));
         let gone = world::delete_namespaces(vec![self.ns], Duration::from_secs(300)).await;
         let _ = self.cluster;
         json!(gone.map(|_| round3(started.elapsed().as_secs_f64())))
     }
 }
 
+/// What one round recorded.
+struct RoundData {
+    round: usize,
+    orphans: Vec<Orphan>,
+    done: bool,
+    issued: Duration,
+    elapsed: Duration,
+    /// The scale-down's start on the wall clock (ms since the Unix epoch), for the audit log.
+    origin_unix_ms: f64,
+    pods: Vec<Change>,
+    claims: Vec<Change>,
+    sets: Vec<SetChange>,
+}
+
+impl RoundData {
+    /// The round's JSON: per ordinal timelines, latency summaries, and the cleanup pods (creates,
+    /// and those deleted before they started, by whom: from the audit log's DELETEs).
+    fn json(&self, read: Option<&audit::Slice>, identity: Option<&audit::Identity>) -> Value {
+        let deletes = read.map_or_else(Vec::new, |r| {
+            audit::pod_deletes(&r.entries, identity, self.origin_unix_ms)
+        });
+        let timelines: Vec<Timeline> = self
+            .orphans
+            .iter()
+            .map(|o| timeline::timeline(o, &self.pods, &self.claims, &self.sets, &deletes))
+            .collect();
+        let cleanup = timeline::cleanup_summary(&timelines, read.is_some());
+        if read.is_some() && cleanup["late_deletes"].as_u64().unwrap_or(0) > 0 {
+            println!(
+                "bench:   round {}: {} cleanup pods deleted by others before they ran: {}",
+                self.round, cleanup["late_deletes"], cleanup["late_deletes_by"]
+            );
+        }
+        json!({
+            "round": self.round,
+            "orphans": self.orphans.len(),
+            "complete": self.done,
+            "patches_issued_ms": self.issued.as_millis() as u64,
+            "all_done_ms": self.elapsed.as_millis() as u64,
+            "max_cleanup_pods_per_ordinal": timelines.iter().map(|t| t.cleanup_pods).max(),
+            "cleanup_pods": cleanup,
+            "latency_ms": timeline::latency_summaries(&timelines),
+            "ordinals": self.orphans.iter().zip(&timelines).map(|(o, t)| timeline::timeline_json(o, t)).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// A recorded change of a set, relative to `origin`: did its status show the scale-down to `to`
+/// done (the controller's release rule, `decide::may_release`)?
+fn set_change(s: &Seen<StatefulSet>, origin: Instant, to: i32) -> SetChange {
+    let set = &s.object;
+    let spec_replicas = set.spec.as_ref().and_then(|sp| sp.replicas).unwrap_or(1);
+    let status = set.status.as_ref();
+    let caught_up = !s.gone()
+        && spec_replicas == to
+        && status.is_some_and(|st| {
+            st.observed_generation.unwrap_or(0) >= set.metadata.generation.unwrap_or(0)
+                && st.replicas <= spec_replicas
+        });
+    SetChange {
+        at_ms: millis_since(s.at, origin),
+        name: s.name.clone(),
+        caught_up,
+    }
+}
+
+fn millis_since(at: Instant, origin: Instant) -> f64 {
+    if at >= origin {
+        at.duration_since(origin).as_secs_f64() * 1000.0
+    } else {
+        -(origin.duration_since(at).as_secs_f64() * 1000.0)
+    }
+}
+
 /// A recorded change, with its time relative to `origin` in ms (negative if before).
 pub fn change<K: kube::Resource + 'static>(s: &Seen<K>, origin: Instant) -> Change {
-    let at_ms = if s.at >= origin {
-        s.at.duration_since(origin).as_secs_f64() * 1000.0
-    } else {
-        -(origin.duration_since(s.at).as_secs_f64() * 1000.0)
-    };
+    let at_ms = millis_since(s.at, origin);
     let object: &dyn std::any::Any = s.object.as_ref();
-    let phase = object
-        .downcast_ref::<Pod>()
+    let pod = object.downcast_ref::<Pod>();
+    let phase = pod
         .map(|p| crate::support::recorder::phase(p).to_string())
         .unwrap_or_default();
+    let gated = pod.is_some_and(|p| {
+        crate::support::recorder::gates(p)
+            .iter()
+            .any(|g| g == naming::CONFIRM_GATE)
+    });
     Change {
         at_ms,
         name: s.name.clone(),
         uid: s.uid.clone(),
         gone: s.gone(),
         deleting: s.deleting,
-        cleanup: s.labels.contains_key("scaledown-pod"),
+        cleanup: s.labels.contains_key(naming::CLEANUP_LABEL),
         phase,
+        gated,
     }
 }

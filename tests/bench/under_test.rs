@@ -28,6 +28,8 @@ pub struct UnderTest {
 pub struct Snapshot {
     pub at_s: f64,
     pub requests: BTreeMap<String, f64>,
+    /// `scaledown_reconcile_errors_total` by category.
+    pub errors: BTreeMap<String, f64>,
     pub cpu_s: f64,
     pub rss_mib: f64,
 }
@@ -75,9 +77,11 @@ impl UnderTest {
     }
 
     pub async fn snapshot(&self) -> Snapshot {
+        let (requests, errors) = probe::controller_counters(self.metrics_port).await;
         Snapshot {
             at_s: self.started.elapsed().as_secs_f64(),
-            requests: probe::controller_requests(self.metrics_port).await,
+            requests,
+            errors,
             cpu_s: probe::cpu_seconds(self.pid).unwrap_or(f64::NAN),
             rss_mib: probe::rss_mib(self.pid).unwrap_or(f64::NAN),
         }
@@ -110,6 +114,8 @@ impl UnderTest {
             "window_s": round3(after.at_s - before.at_s),
             "requests_since_start": since_start,
             "requests_in_window": window,
+            "reconcile_errors_since_start": after.errors,
+            "reconcile_errors_in_window": probe::delta(&after.errors, &before.errors),
             "rss_series": series,
         })
     }

@@ -222,3 +222,20 @@ pub async fn delete_namespaces(
     }
     None
 }
+
+/// Namespaces besides the system ones and `own`: other runs on the same cluster (a fresh cluster
+/// has none).
+pub async fn other_namespaces(client: &kube::Client, own: &str) -> Vec<String> {
+    const SYSTEM: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
+    let api: Api<Namespace> = Api::all(client.clone());
+    api.list(&Default::default())
+        .await
+        .map(|l| {
+            l.items
+                .iter()
+                .map(|n| n.name_any())
+                .filter(|n| n != own && !SYSTEM.contains(&n.as_str()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
