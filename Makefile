@@ -55,13 +55,13 @@ E2E_OLDEST := $(patsubst tests/%.rs,--test %,$(filter-out tests/e2e_faults.rs te
 e2e-oldest:
 	$(CARGO) build --locked --bins --tests
 	hack/build-previous.sh >/dev/null
-	SCALEDOWN_K8S_VERSION=$(OLDEST_K8S) hack/with-cluster.sh $(CARGO) test --locked $(E2E_OLDEST) -- --test-threads=$(E2E_THREADS)
+	SCALEDOWN_REAL_NODE=0 SCALEDOWN_K8S_VERSION=$(OLDEST_K8S) hack/with-cluster.sh $(CARGO) test --locked $(E2E_OLDEST) -- --test-threads=$(E2E_THREADS)
 
 ## e2e-faults: tests/e2e_faults.rs (API server restarts, SIGTERM in every state, leader churn), one
 ## test at a time. It restarts kube-apiserver: do not run it beside other tests on one cluster.
 e2e-faults:
 	$(CARGO) build --locked --bins --test e2e_faults
-	hack/with-cluster.sh $(CARGO) test --locked --test e2e_faults -- --test-threads=1
+	SCALEDOWN_REAL_NODE=0 hack/with-cluster.sh $(CARGO) test --locked --test e2e_faults -- --test-threads=1
 
 ## chaos: seeded chaos rounds with an invariant checker (tests/chaos.rs) on the local control plane;
 ## the same SEED replays the same actions. Do not run it beside other e2e tests on one cluster: its
@@ -70,7 +70,7 @@ ROUNDS ?= 20
 SEED ?= $(shell date +%s)
 chaos:
 	$(CARGO) build --locked --bins --test chaos
-	hack/with-cluster.sh $(CARGO) test --locked --test chaos -- --rounds $(ROUNDS) --seed $(SEED)
+	SCALEDOWN_REAL_NODE=0 hack/with-cluster.sh $(CARGO) test --locked --test chaos -- --rounds $(ROUNDS) --seed $(SEED)
 
 ## chaos-ci: a few chaos rounds with a fixed seed, for `make test` (seed 42: forged pods on wanted and
 ## orphaned ordinals, SIGKILLs and failovers; no API server restart, see `make chaos`)
@@ -92,7 +92,7 @@ bench:
 	$(CARGO) test --locked --release --test bench --no-run
 	failed=0; for s in $(BENCH_SCENARIOS); do \
 	  BENCH_COMMAND="make bench SCENARIO=$$s SEED=$(BENCH_SEED)$(if $(SETS), SETS=$(SETS))$(if $(BENCH_ARGS), BENCH_ARGS='$(BENCH_ARGS)')" \
-	    hack/with-cluster.sh $(CARGO) test --locked --release --test bench -- --scenario $$s --seed $(BENCH_SEED) \
+	    SCALEDOWN_REAL_NODE=0 hack/with-cluster.sh $(CARGO) test --locked --release --test bench -- --scenario $$s --seed $(BENCH_SEED) \
 	    $(if $(SETS),--sets $(SETS)) $(BENCH_ARGS) || failed=1; \
 	done; $(MAKE) bench-report; exit $$failed
 
@@ -126,6 +126,8 @@ manifests:
 control-plane:
 	hack/build-control-plane.sh
 
+## cluster-up: the local control plane with three KWOK nodes and one real node (kubelet + containerd,
+## hack/real-node.sh; SCALEDOWN_REAL_NODE=0 leaves it out); cluster-down stops all of it
 cluster-up:
 	hack/cluster.sh up
 

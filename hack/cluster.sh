@@ -19,6 +19,11 @@
 #   SCALEDOWN_E2E_CACHE       binary cache root, passed on to hack/build-control-plane.sh
 #   SCALEDOWN_K8S_VERSION     run another Kubernetes version than hack/versions.env pins (built by
 #                             hack/build-control-plane-version.sh; `make e2e-oldest`)
+#   SCALEDOWN_REAL_NODE       1 (default): `up` also starts the real node real-0 (hack/real-node.sh:
+#                             kubelet + containerd in a network namespace, kubelet relay on base+10)
+#                             after the control plane, and `down` stops it first. 0: KWOK nodes only.
+#                             Only one real node runs per machine: if another cluster's real node
+#                             runs, `up` says so and goes on without one.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -39,6 +44,8 @@ api_port=$((port_base + 2))
 kcm_port=$((port_base + 3))
 sched_port=$((port_base + 4))
 kwok_port=$((port_base + 5))
+
+real_node=${SCALEDOWN_REAL_NODE:-1}
 
 # Start order; `down` stops them in reverse.
 components=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
@@ -109,8 +116,16 @@ stop_component() {
   rm -f "$pids/$name.pid"
 }
 
+# Stops the real node (hack/real-node.sh down) if this state dir has one; idempotent, works with the
+# control plane already gone.
+stop_real_node() {
+  [[ -e "$state/real-node" ]] || return 0
+  "$here/real-node.sh" down 8>&- || log "WARNING: hack/real-node.sh down failed"
+}
+
 stop_all() {
   local i
+  stop_real_node
   for ((i = ${#components[@]} - 1; i >= 0; i--)); do
     stop_component "${components[i]}"
   done
@@ -545,6 +560,22 @@ cmd_up() {
   wait_until 90 kwok "nodes kwok-node-0..$((node_count - 1)) Ready and without the not-ready taint" nodes_ready
   wait_until 60 kube-controller-manager "ServiceAccount default/default" default_sa_exists
 
+  if [[ "$real_node" != 0 ]]; then
+    local tr=$SECONDS rc=0
+    rm -f "$state/real-node-skipped"
+    "$here/real-node.sh" up 8>&- || rc=$?
+    case $rc in
+    0) echo "[timing] cluster-up real node: $((SECONDS - tr)) s" ;;
+    3)
+      log "no real node for this cluster: another cluster on this machine runs one (only one per machine)"
+      echo "another cluster on this machine runs the real node" >"$state/real-node-skipped"
+      ;;
+    *) fail "" "hack/real-node.sh up failed (exit $rc; logs in target/real-node-logs-failed/); SCALEDOWN_REAL_NODE=0 starts the cluster without it" ;;
+    esac
+  else
+    echo "SCALEDOWN_REAL_NODE=0" >"$state/real-node-skipped"
+  fi
+
   trap - EXIT INT TERM
   log "up: kubeconfig $state/kubeconfig, apiserver https://127.0.0.1:$api_port, logs $logs"
   echo "[timing] cluster-up: $((SECONDS - t0)) s"
@@ -559,7 +590,7 @@ cmd_down() {
     log "not running (no $state)"
     return 0
   fi
-  stop_all
+  stop_all # the real node first
   local left
   left=$(leftovers)
   if [[ -n "$left" ]]; then
@@ -610,6 +641,13 @@ cmd_status() {
     for c in "${components[@]}"; do
       echo "  $c pid $(pid_of "$c")"
     done
+    if [[ -s "$state/real-node-skipped" ]]; then
+      echo "  real node: none ($(cat "$state/real-node-skipped"))"
+    elif [[ -e "$state/real-node" ]]; then
+      echo "  real node: $("$here/real-node.sh" status 2>&1 || true)"
+    else
+      echo "  real node: none"
+    fi
     return 0
   fi
   if [[ -e "$state" ]]; then

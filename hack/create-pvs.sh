@@ -2,12 +2,15 @@
 # Creates static PersistentVolumes on the local test control plane (hack/cluster.sh), for claims that
 # the real PV controller then binds (StorageClass volumeBindingMode: Immediate).
 #
-#   hack/create-pvs.sh N [--reclaim Retain|Delete] [--class NAME] [--prefix NAME]
+#   hack/create-pvs.sh N [--reclaim Retain|Delete] [--class NAME] [--prefix NAME] [--node NODE]
 #
 # Each PV: 1Gi, ReadWriteOnce, storageClassName NAME (default: standard), reclaim policy Retain by
 # default, hostPath /tmp/scaledown-e2e/<cluster-id>/<pv-name>. With --reclaim Delete the controller
 # manager's hostPath deleter removes that directory and the PV once its claim is deleted, like a real
 # provisioner would. Names are <prefix>-<i> (default prefix: pv-<class>), skipping names already in use.
+# With --node NODE the PVs get a required node affinity to that node (kubernetes.io/hostname): for the
+# real node, `--node real-0 --class real-hostpath` gives volumes that its pods really mount, and the
+# files they write are in the PV's directory on this host.
 # Prints the names of the PVs it created.
 set -euo pipefail
 
@@ -16,7 +19,7 @@ state="$(cd "$here/.." && pwd)/target/cluster"
 kubectl=("$state/bin/kubectl" --kubeconfig "$state/kubeconfig")
 
 usage() {
-  echo "usage: $0 N [--reclaim Retain|Delete] [--class NAME] [--prefix NAME]" >&2
+  echo "usage: $0 N [--reclaim Retain|Delete] [--class NAME] [--prefix NAME] [--node NODE]" >&2
   exit 2
 }
 
@@ -27,11 +30,13 @@ shift
 reclaim=Retain
 class=standard
 prefix=
+node=
 while (($#)); do
   case "$1" in
   --reclaim) reclaim=${2:-}; shift 2 || usage ;;
   --class) class=${2:-}; shift 2 || usage ;;
   --prefix) prefix=${2:-}; shift 2 || usage ;;
+  --node) node=${2:-}; shift 2 || usage ;;
   *) usage ;;
   esac
 done
@@ -51,6 +56,12 @@ while ((${#created[@]} < count)); do
   i=$((i + 1))
   grep -qx "persistentvolume/$name" <<<"$existing" && continue
   mkdir -p "$hostpath_root/$name"
+  affinity=
+  [[ -z "$node" ]] || affinity="  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+      - matchExpressions:
+        - {key: kubernetes.io/hostname, operator: In, values: [\"$node\"]}"
   "${kubectl[@]}" create -f - >/dev/null <<YAML
 apiVersion: v1
 kind: PersistentVolume
@@ -69,6 +80,7 @@ spec:
   hostPath:
     path: $hostpath_root/$name
     type: ""
+$affinity
 YAML
   created+=("$name")
 done

@@ -10,6 +10,14 @@
 #                         and claims only when they change, removes the namespace and its PVs at the
 #                         end, and leaves stopping the cluster to hack/with-cluster.sh
 #
+# On the real node (hack/real-node.sh, started by hack/cluster.sh up unless SCALEDOWN_REAL_NODE=0) the
+# example runs for real: it is applied with a toleration and nodeSelector for the node (in the set's
+# pod template and in its cleanup template annotation) and claims in StorageClass real-hostpath
+# (hostPath PVs on this host with node affinity to the node; example/statefulset.yaml is not
+# changed), the datastore pods write /var/data/test.txt, the cleanup pod runs the example's script,
+# and the demo prints the cleanup pod's log, the volume's directory before and after, and the claim
+# and PV afterwards. Without a real node the pods run on KWOK's fake nodes, as before.
+#
 # Nothing is read from stdin. The walk-through, from applying the example to the end of the cleanup,
 # must finish within DEMO_TIMEOUT seconds (default 180), or the demo fails with the end of the
 # controller's log. It also fails unless exactly one cleanup pod was created (the controller's
@@ -76,15 +84,27 @@ fi
 old_pvs=$("${kubectl[@]}" get pv -o name | grep '^persistentvolume/demo-pv-' || true)
 [[ -z "$old_pvs" ]] || "${kubectl[@]}" delete $old_pvs --wait=false >/dev/null
 
-step "creating three PersistentVolumes in the default StorageClass"
-pvs=$(hack/create-pvs.sh 3 --prefix demo-pv)
+real_node=real-0
+if hack/real-node.sh status >/dev/null 2>&1 &&
+  "${kubectl[@]}" get node "$real_node" -o jsonpath='{.metadata.labels.scaledown\.test/node}' 2>/dev/null | grep -qx real; then
+  real=1
+  step "creating three hostPath PersistentVolumes on the real node $real_node (StorageClass real-hostpath)"
+  pvs=$(hack/create-pvs.sh 3 --prefix demo-pv --class real-hostpath --node "$real_node")
+else
+  real=0
+  step "no real node (hack/real-node.sh status: down): the pods run on KWOK's fake nodes"
+  step "creating three PersistentVolumes in the default StorageClass"
+  pvs=$(hack/create-pvs.sh 3 --prefix demo-pv)
+fi
 echo "$pvs"
 
 step "starting the controller (log: $controller_log)"
 target/debug/statefulset-scaledown-controller --kubeconfig "$state/kubeconfig" </dev/null >"$controller_log" 2>&1 &
 controller=$!
+logs_follower=
 teardown() {
   kill "$controller" 2>/dev/null || true
+  [[ -z "$logs_follower" ]] || kill "$logs_follower" 2>/dev/null || true
   if [[ $ci == 1 ]]; then
     # The cluster may be shared: leave nothing behind (the controller is gone, so no finalizer
     # would be removed for us).
@@ -101,14 +121,45 @@ until "${kubectl[@]}" -n "$ns" get serviceaccount default >/dev/null 2>&1; do sl
 started=$SECONDS
 deadline=$((SECONDS + limit))
 left() { echo $((deadline > SECONDS ? deadline - SECONDS : 1)); }
-step "applying example/statefulset.yaml"
-k apply -f example/statefulset.yaml
+if ((real)); then
+  step "applying example/statefulset.yaml, placed on the real node $real_node"
+  # The example unchanged, plus what the real node needs: the toleration of its taint and a
+  # nodeSelector in the set's pod template and in the cleanup template, and claims in real-hostpath.
+  k create --dry-run=client -o json -f example/statefulset.yaml | jq -s '
+    {"key": "scaledown.test/node", "operator": "Equal", "value": "real", "effect": "NoSchedule"} as $tol
+    | {"scaledown.test/node": "real"} as $sel
+    | "statefulsets.kubernetes.io/scaledown-pod-template" as $tpl
+    | {"apiVersion": "v1", "kind": "List", "items": .}
+    | .items |= map(if .kind == "StatefulSet" then
+        .spec.template.spec.tolerations += [$tol]
+        | .spec.template.spec.nodeSelector = $sel
+        | .spec.volumeClaimTemplates |= map(.spec.storageClassName = "real-hostpath")
+        | .metadata.annotations[$tpl] |= (fromjson | .spec.tolerations += [$tol] | .spec.nodeSelector = $sel | tojson)
+      else . end)' | k apply -f -
+else
+  step "applying example/statefulset.yaml"
+  k apply -f example/statefulset.yaml
+fi
 k wait --for=jsonpath='{.status.readyReplicas}'=3 statefulset/datastore --timeout="$(left)s" ||
   fail "datastore did not get 3 ready replicas within $limit s"
 show
+if ((real)); then
+  k get pods -o wide | awk '{print $1, $3, $7}' | column -t
+  pv2=$(k get pvc data-datastore-2 -o jsonpath='{.spec.volumeName}')
+  dir2=$("${kubectl[@]}" get pv "$pv2" -o jsonpath='{.spec.hostPath.path}')
+  # The pods write the file as they start; Ready may come a moment before the write.
+  for _ in $(seq 50); do [[ -s "$dir2/test.txt" ]] && break; sleep 0.2; done
+  echo "\$ ls -l $dir2   # the volume of datastore-2 ($pv2), on this host"
+  ls -l "$dir2"
+  [[ -s "$dir2/test.txt" ]] || fail "datastore-2 did not write $dir2/test.txt"
+  echo "\$ cat $dir2/test.txt"
+  cat "$dir2/test.txt"
+fi
 
 step "scaling datastore from 3 to 2"
 k scale statefulset datastore --replicas 2
+cleanup_log=target/demo/cleanup-pod.log
+: >"$cleanup_log"
 seen_cleanup=no
 while ((SECONDS < deadline)); do
   sleep 1.5
@@ -119,6 +170,13 @@ while ((SECONDS < deadline)); do
   if [[ -n "$owner" && $seen_cleanup == no ]]; then
     seen_cleanup=yes
     echo "^ datastore-2 is now the cleanup pod (owner annotation: $owner)"
+  fi
+  # On the real node: follow the cleanup pod's own log from the moment its container runs (the
+  # controller deletes the pod soon after it succeeded).
+  if ((real)) && [[ -n "$owner" && -z "$logs_follower" ]] &&
+    k get pod datastore-2 -o jsonpath='{.status.containerStatuses[0].state}' 2>/dev/null | grep -qE 'running|terminated'; then
+    k logs -f datastore-2 -c main >"$cleanup_log" 2>&1 </dev/null &
+    logs_follower=$!
   fi
   succeeded=$(k get events --field-selector involvedObject.name=datastore,reason=CleanupSuccess -o name 2>/dev/null || true)
   if [[ -n "$succeeded" ]] && ! k get pod datastore-2 >/dev/null 2>&1 && ! k get pvc data-datastore-2 >/dev/null 2>&1; then
@@ -132,6 +190,24 @@ while ((SECONDS < deadline)); do
     claims=$(k get pvc -o name | sort | tr '\n' ' ')
     [[ "$claims" == "persistentvolumeclaim/data-datastore-0 persistentvolumeclaim/data-datastore-1 " ]] ||
       fail "claims left: $claims"
+    if ((real)); then
+      if [[ -n "$logs_follower" ]]; then
+        for _ in $(seq 50); do kill -0 "$logs_follower" 2>/dev/null || break; sleep 0.1; done
+      fi
+      step "the cleanup pod's own log (kubectl logs -n $ns datastore-2, while it ran on $real_node)"
+      cat "$cleanup_log"
+      grep -q 'Data deleted!' "$cleanup_log" || fail "the cleanup pod's log does not say 'Data deleted!'"
+      step "the volume of datastore-2 on this host, after the cleanup"
+      echo "\$ ls -l $dir2"
+      ls -l "$dir2"
+      [[ ! -e "$dir2/test.txt" ]] || fail "$dir2/test.txt is still there"
+      echo "(test.txt is gone)"
+      step "claims and PVs afterwards"
+      echo "\$ kubectl get pvc -n $ns; kubectl get pv $(echo $pvs)"
+      k get pvc
+      # shellcheck disable=SC2086 # one name per word
+      "${kubectl[@]}" get pv $pvs
+    fi
     if [[ $ci == 1 ]]; then
       echo "[timing] demo walk-through: $((SECONDS - started)) s"
       exit 0

@@ -48,6 +48,49 @@ pub const CLASS_LABEL: &str = "scaledown.e2e/static-pv-class";
 
 const POLL: Duration = Duration::from_millis(250);
 
+/// The real node of `hack/real-node.sh` (started by `hack/cluster.sh up` unless
+/// `SCALEDOWN_REAL_NODE=0`): a kubelet with containerd, in a network namespace of its own.
+pub const REAL_NODE: &str = "real-0";
+/// Label and taint (`NoSchedule`) of the real node: only pods that tolerate it land there.
+pub const REAL_NODE_KEY: &str = "scaledown.test/node";
+
+/// The toleration of the real node's taint, for a pod spec's `tolerations`.
+pub fn real_node_toleration() -> serde_json::Value {
+    json!({"key": REAL_NODE_KEY, "operator": "Equal", "value": "real", "effect": "NoSchedule"})
+}
+
+/// The nodeSelector that places a pod on the real node.
+pub fn real_node_selector() -> serde_json::Value {
+    json!({REAL_NODE_KEY: "real"})
+}
+
+/// Whether the real node is registered and Ready. Tests on it skip (with a message) only if
+/// `SCALEDOWN_REAL_NODE=0` or the cluster's `up` skipped it because another cluster on this machine
+/// runs the only real node (`target/cluster/real-node-skipped`); otherwise a missing node fails them.
+pub async fn real_node_ready(client: &Client) -> bool {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    match nodes.get_opt(REAL_NODE).await {
+        Ok(Some(n)) => n
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+        _ => false,
+    }
+}
+
+/// Why the real node is absent on purpose (`SCALEDOWN_REAL_NODE=0`, or another cluster on this
+/// machine runs the only real node), if it is.
+pub fn real_node_skipped() -> Option<String> {
+    if std::env::var("SCALEDOWN_REAL_NODE").is_ok_and(|v| v == "0") {
+        return Some("SCALEDOWN_REAL_NODE=0".into());
+    }
+    std::fs::read_to_string(cluster_state_dir().join("real-node-skipped"))
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
 fn repo_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -323,6 +366,42 @@ impl TestNamespace {
         StaticPvs { class, names }
     }
 
+    /// Creates the StorageClass `<namespace>-<suffix>` (no provisioner, `WaitForFirstConsumer`) with
+    /// `n` static hostPath PVs on the real node ([`REAL_NODE`], required node affinity), all
+    /// deleted when this namespace is dropped. Each PV's directory is on this host,
+    /// `<hostpath root>/<class>/<pv>`: what the pods write there, the test reads from the host.
+    /// Returns the class and the PV names; [`TestNamespace::pv_dir`] gives a PV's directory.
+    pub async fn create_real_pvs(&self, suffix: &str, n: usize) -> StaticPvs {
+        let mut class = format!("{}-{suffix}", self.name);
+        class.truncate(200);
+        self.classes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(class.clone());
+        let names = create_real_pvs(&self.client, &class, n).await;
+        StaticPvs { class, names }
+    }
+
+    /// The host directory of a PV made by [`TestNamespace::create_real_pvs`] (or
+    /// [`TestNamespace::create_static_pvs`]) in `class`.
+    pub fn pv_dir(&self, class: &str, pv: &str) -> PathBuf {
+        hostpath_root(&self.kubeconfig).join(class).join(pv)
+    }
+
+    /// The directory `<hostpath root>/<namespace>-<name>` on this host, for a plain `hostPath`
+    /// volume that pods on the real node share with the test (created, mode 0777; removed when
+    /// this namespace is dropped).
+    pub fn shared_host_dir(&self, name: &str) -> PathBuf {
+        let class = format!("{}-{name}", self.name);
+        self.classes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(class.clone());
+        let dir = hostpath_root(&self.kubeconfig).join(class);
+        std::fs::create_dir_all(&dir).expect("create the shared host dir");
+        dir
+    }
+
     /// Opt-out of the hot-loop check for one set, visible in the test: its ordinals may get up to
     /// `per_ordinal` cleanup pods from the controller per generation of the set, because of `why`
     /// (e.g. the test refuses the set's record on purpose, and every backoff step creates a pod).
@@ -476,6 +555,53 @@ pub async fn create_static_pvs_from(
                 "persistentVolumeReclaimPolicy": reclaim.as_str(),
                 "volumeMode": "Filesystem",
                 "hostPath": {"path": path.to_string_lossy(), "type": ""},
+            }
+        }));
+        pvs.create(&PostParams::default(), &pv)
+            .await
+            .unwrap_or_else(|e| panic!("e2e: cannot create PersistentVolume {name}: {e}"));
+        names.push(name);
+    }
+    names
+}
+
+/// Creates StorageClass `class` (no provisioner, `WaitForFirstConsumer`) unless it exists, and `n`
+/// static 1Gi RWO hostPath PVs `<class>-<i>` (reclaim policy Retain) with a required node affinity to
+/// the real node ([`REAL_NODE`]); the directories `<hostpath root>/<class>/<pv>` are created here
+/// and mounted by the real node's kubelet. Both carry the label `scaledown.e2e/static-pv-class=<class>`.
+/// Returns the PV names. Prefer [`TestNamespace::create_real_pvs`], which also deletes them.
+pub async fn create_real_pvs(client: &Client, class: &str, n: usize) -> Vec<String> {
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    let sc: StorageClass = from_json(json!({
+        "metadata": {"name": class, "labels": {CLASS_LABEL: class}},
+        "provisioner": "kubernetes.io/no-provisioner",
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "reclaimPolicy": "Retain",
+    }));
+    match classes.create(&PostParams::default(), &sc).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("e2e: cannot create StorageClass {class}: {e}"),
+    }
+    let dir = hostpath_root(&kubeconfig_path()).join(class);
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let mut names = Vec::with_capacity(n);
+    for i in 0..n {
+        let name = format!("{class}-{i}");
+        let path = dir.join(&name);
+        std::fs::create_dir_all(&path)
+            .unwrap_or_else(|e| panic!("e2e: cannot create {}: {e}", path.display()));
+        let pv: PersistentVolume = from_json(json!({
+            "metadata": {"name": name, "labels": {CLASS_LABEL: class}},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": class,
+                "persistentVolumeReclaimPolicy": "Retain",
+                "volumeMode": "Filesystem",
+                "hostPath": {"path": path.to_string_lossy(), "type": "Directory"},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [REAL_NODE]}]}]}},
             }
         }));
         pvs.create(&PostParams::default(), &pv)

@@ -1,0 +1,612 @@
+#!/usr/bin/env bash
+# A real node beside the KWOK nodes of a running hack/cluster.sh cluster (opt-in; issue 16):
+# containerd, runc and the CNI plugins from Debian, a kubelet built from the control plane's
+# Kubernetes module version (hack/build-kubelet.sh), all inside a network and mount namespace of
+# their own.
+#
+#   hack/real-node.sh up       start it and wait until the node is Ready (no-op if it already runs)
+#   hack/real-node.sh down     stop everything it started; leaves no process, container, mount,
+#                              cgroup or namespace behind; idempotent
+#   hack/real-node.sh status   exit 0 if the node runs and is Ready
+#   hack/real-node.sh push-image OCI_LAYOUT REF
+#                              push the image of REF's tag in an OCI layout (`make image`:
+#                              target/image/oci) to the node's registry under REF, so a pod naming
+#                              REF (e.g. the chart's ghcr.io/... image) starts on the node
+#
+# Only one real node can run per machine (the kubelet's cgroups are /sys/fs/cgroup/*/kubepods,
+# machine-wide): `up` exits 3 with a message naming the other node's state dir if another checkout
+# (or another port base) runs one, and `down` then touches nothing machine-wide.
+#
+# The node (default name real-0) is labelled scaledown.test/node=real and tainted
+# scaledown.test/node=real:NoSchedule, so only pods that tolerate the taint land on it. Images:
+# docker.io/library/busybox:latest (Debian's busybox-static, hack/busybox-image.sh) is imported into
+# containerd and served by a registry on the namespace's loopback, containerd's only host for
+# docker.io, ghcr.io and localhost, so `busybox` with any pull policy starts, and the controller's
+# image (`push-image`) under its published name. No pull ever leaves the namespace.
+#
+# Network rule: every process of the node (kubelet, containerd, shims, pods) lives in a network
+# namespace this script creates, reachable only through loopback relays:
+#   kubelet -> API server  netns 127.0.0.1:<api port> -socat-> unix socket -socat-> host 127.0.0.1:<api port>
+#   API server -> kubelet  host 127.0.0.1:<kubelet port> -socat-> unix socket -socat-> netns 127.0.0.1:<kubelet port>
+# The namespace has no route out: a bridge (cni0, 10.250.0.1/24, the node IP) for the pods and lo.
+# Nothing is added to the host's network configuration. For API server -> kubelet the node's
+# addresses are set by this script (the kubelet runs with --cloud-provider=external, this script
+# plays the cloud controller): InternalIP 10.250.0.1 and Hostname 127.0.0.1, so the API server (which
+# prefers Hostname) dials the loopback relay and never looks the node name up in DNS.
+#
+# The mount namespace (private propagation, its own tmpfs on /run) holds every mount that the
+# kubelet, containerd and the shims make; it disappears with the last of their processes.
+#
+# Environment:
+#   SCALEDOWN_E2E_PORT_BASE      as hack/cluster.sh (default 23400); the kubelet relay uses base+10
+#   SCALEDOWN_REAL_NODE_NAME     node name (default real-0)
+#   SCALEDOWN_E2E_CACHE, SCALEDOWN_K8S_VERSION   passed on to hack/build-kubelet.sh
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+state="$root/target/cluster"
+pki="$state/pki"
+rn="$state/real-node"
+lock="$root/target/real-node.lock"
+# One real node per machine: its kubelet owns /sys/fs/cgroup/*/kubepods. The namespace holder keeps
+# this lock (flock) for the node's lifetime; the owner file names the state dir that holds it.
+machine_lock=${SCALEDOWN_REAL_NODE_LOCK:-/run/scaledown-real-node.lock}
+machine_owner="$machine_lock.owner"
+
+port_base=${SCALEDOWN_E2E_PORT_BASE:-23400}
+api_port=$((port_base + 2))
+kubelet_port=$((port_base + 10))
+node=${SCALEDOWN_REAL_NODE_NAME:-real-0}
+node_ip=10.250.0.1
+pod_subnet=10.250.0.0/24
+registry_port=5000 # on the namespace's own loopback
+# Registries whose only host, for containerd, is that registry.
+mirrored=(docker.io ghcr.io localhost)
+sandbox_image=localhost/scaledown/sandbox:busybox
+packages=(containerd runc containernetworking-plugins busybox-static iptables socat conntrack)
+# Kernel settings the kubelet changes at start (pkg/kubelet/cm); restored by `down`.
+sysctls=(vm.overcommit_memory kernel.panic kernel.panic_on_oops)
+
+log() { printf '[real-node] %s\n' "$*" >&2; }
+die() {
+  log "ERROR: $*"
+  exit 1
+}
+
+kubectl() { "$state/bin/kubectl" --kubeconfig "$state/kubeconfig" "$@"; }
+
+# --- processes -------------------------------------------------------------------------------------
+
+pid_of() { [[ -s "$rn/pids/$1.pid" ]] && cat "$rn/pids/$1.pid"; }
+
+proc_alive() {
+  local st
+  st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+  [[ -n "$st" && "$st" != Z ]]
+}
+
+# The recorded pid is alive and its command line names our state dir (no recycled pid is signalled).
+is_ours() {
+  proc_alive "$1" && tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" | grep -qF -- "$rn"
+}
+
+alive() {
+  local pid
+  pid=$(pid_of "$1") || return 1
+  is_ours "$pid"
+}
+
+# start NAME [nsenter args --] CMD...: in its own session, output to logs/NAME.log, pid recorded.
+start() {
+  local name=$1
+  shift
+  (
+    for fd in /proc/self/fd/*; do
+      fd=${fd##*/}
+      if ((fd > 2)); then eval "exec $fd>&-"; fi
+    done
+    exec setsid "$@" </dev/null >>"$rn/logs/$name.log" 2>&1
+  ) &
+  echo $! >"$rn/pids/$name.pid"
+}
+
+# in_ns CMD...: runs CMD in the node's network and mount namespaces.
+in_ns() { nsenter -t "$(pid_of holder)" -n -m -- "$@"; }
+
+stop_pid() { # stop_pid PID GRACE: SIGTERM, SIGKILL after GRACE seconds
+  local pid=$1 grace=$2 i
+  proc_alive "$pid" || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < grace * 10; i++)); do
+    proc_alive "$pid" || return 0
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  for ((i = 0; i < 50; i++)); do
+    proc_alive "$pid" || return 0
+    sleep 0.1
+  done
+}
+
+stop() { # stop NAME [GRACE]
+  local pid
+  if pid=$(pid_of "$1") && is_ours "$pid"; then stop_pid "$pid" "${2:-10}"; fi
+  rm -f "$rn/pids/$1.pid"
+}
+
+# Every process that belongs to the node: in its network or mount namespace (kubelet, containerd,
+# shims, relays), in a kubepods cgroup (containers, which have namespaces of their own), or naming
+# the state dir on its command line.
+node_processes() {
+  local net="" mnt="" p
+  [[ -s "$rn/ns" ]] && read -r net mnt <"$rn/ns"
+  {
+    for p in /proc/[0-9]*; do
+      p=${p#/proc/}
+      [[ "$p" == "$$" || "$p" == "$BASHPID" ]] && continue
+      if [[ -n "$net" ]]; then
+        [[ "$(stat -L -c %i "/proc/$p/ns/net" 2>/dev/null)" == "$net" ]] && { echo "$p"; continue; }
+        [[ "$(stat -L -c %i "/proc/$p/ns/mnt" 2>/dev/null)" == "$mnt" ]] && { echo "$p"; continue; }
+      fi
+      tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | grep -qF -- "$rn/" && echo "$p"
+    done
+    cat /sys/fs/cgroup/pids/kubepods/cgroup.procs /sys/fs/cgroup/pids/kubepods/*/cgroup.procs \
+      /sys/fs/cgroup/pids/kubepods/*/*/cgroup.procs /sys/fs/cgroup/pids/kubepods/*/*/*/cgroup.procs 2>/dev/null
+  } | sort -un | while read -r p; do proc_alive "$p" && echo "$p"; done
+}
+
+# --- prerequisites ---------------------------------------------------------------------------------
+
+ensure_packages() {
+  local missing=() p
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  ((${#missing[@]})) || return 0
+  local t0=$SECONDS
+  log "installing ${missing[*]}"
+  if ! apt-cache show "${missing[@]}" >/dev/null 2>&1; then apt-get update -q >&2; fi
+  # policy-rc.d: the package's own containerd service must not start (no systemd here, but be sure).
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+  echo "[timing] real-node packages: $((SECONDS - t0)) s"
+}
+
+client_cert() {
+  local d="$rn/pki"
+  mkdir -p "$d"
+  (
+    cd "$d"
+    umask 077
+    openssl ecparam -name prime256v1 -genkey -noout -out kubelet.key 2>/dev/null
+    openssl req -new -key kubelet.key -subj "/O=system:nodes/CN=system:node:$node" -out kubelet.csr 2>/dev/null
+    printf '%s\n' 'basicConstraints=critical,CA:FALSE' 'keyUsage=critical,digitalSignature' \
+      'extendedKeyUsage=clientAuth' 'authorityKeyIdentifier=keyid' >kubelet.ext
+    openssl x509 -req -in kubelet.csr -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAserial "$d/ca.srl" -CAcreateserial \
+      -sha256 -days 3650 -extfile kubelet.ext -out kubelet.crt 2>/dev/null
+    rm -f kubelet.csr kubelet.ext
+  )
+  cat >"$rn/kubelet.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: scaledown-e2e
+  cluster:
+    server: https://127.0.0.1:$api_port
+    certificate-authority: $pki/ca.crt
+users:
+- name: kubelet
+  user:
+    client-certificate: $d/kubelet.crt
+    client-key: $d/kubelet.key
+contexts:
+- name: scaledown-e2e
+  context: {cluster: scaledown-e2e, user: kubelet}
+current-context: scaledown-e2e
+EOF
+}
+
+write_configs() {
+  mkdir -p "$rn/cni/net.d" "$rn/cni/ipam" "$rn/pod-logs" "$rn/kubelet" "$rn/containerd/root" "$rn/containerd/state"
+  cat >"$rn/cni/net.d/10-scaledown-real.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "scaledown-real",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cni0",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": "$pod_subnet", "gateway": "$node_ip"}]],
+        "routes": [{"dst": "0.0.0.0/0"}],
+        "dataDir": "$rn/cni/ipam"
+      }
+    }
+  ]
+}
+EOF
+  cat >"$rn/containerd.toml" <<EOF
+version = 2
+root = "$rn/containerd/root"
+state = "$rn/containerd/state"
+disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp"]
+
+[grpc]
+  address = "$rn/containerd.sock"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$sandbox_image"
+  # containerd asks oom_score_adj -998 for sandboxes; without CAP_SYS_RESOURCE runc fails with
+  # "can't get final child's PID from pipe: EOF" unless the value is clamped to our own.
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  disable_hugetlb_controller = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$rn/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$rn/certs.d"
+EOF
+  mkdir -p "$rn/certs.d"
+  echo "nameserver 127.0.0.1" >"$rn/resolv.conf"
+  cat >"$rn/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix://$rn/containerd.sock
+imageServiceEndpoint: unix://$rn/containerd.sock
+address: 0.0.0.0
+port: $kubelet_port
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+# The API server presents no client certificate to kubelets (no --kubelet-client-certificate);
+# the kubelet is reachable only through the loopback relay.
+authentication:
+  anonymous: {enabled: true}
+  webhook: {enabled: false}
+  x509: {clientCAFile: $pki/ca.crt}
+authorization: {mode: AlwaysAllow}
+registerNode: true
+registerWithTaints:
+- {key: scaledown.test/node, value: real, effect: NoSchedule}
+podLogsDir: $rn/pod-logs
+resolvConf: $rn/resolv.conf
+staticPodPath: ""
+maxPods: 30
+serializeImagePulls: false
+protectKernelDefaults: false
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: 50Mi, nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+nodeStatusUpdateFrequency: 10s
+EOF
+}
+
+# --- up --------------------------------------------------------------------------------------------
+
+node_json() { kubectl get node "$node" -o json 2>/dev/null; }
+node_registered() { node_json >/dev/null; }
+node_ready() {
+  node_json | jq -e '
+    any(.status.conditions[]?; .type == "Ready" and .status == "True")
+    and all(.spec.taints[]?; .key != "node.kubernetes.io/not-ready" and .key != "node.cloudprovider.kubernetes.io/uninitialized")' >/dev/null
+}
+
+wait_for() { # wait_for SECONDS WHAT CMD...
+  local timeout=$1 what=$2
+  shift 2
+  local deadline=$((SECONDS + timeout)) c
+  until "$@"; do
+    for c in holder containerd registry kubelet; do
+      if [[ -e "$rn/pids/$c.pid" ]] && ! alive "$c"; then
+        log "$c exited while waiting for: $what; last lines of its log:"
+        tail -n 30 "$rn/logs/$c.log" >&2 || true
+        exit 1
+      fi
+    done
+    ((SECONDS < deadline)) || { log "timed out after ${timeout}s waiting for: $what"; exit 1; }
+    sleep 0.25
+  done
+}
+
+# The cloud-controller part: addresses the API server can reach (see the header), then the
+# uninitialized taint goes.
+initialize_node() {
+  kubectl patch node "$node" --subresource=status --type=merge -p "{\"status\":{\"addresses\":[
+    {\"type\":\"InternalIP\",\"address\":\"$node_ip\"},{\"type\":\"Hostname\",\"address\":\"127.0.0.1\"}]}}" >/dev/null
+  kubectl taint node "$node" node.cloudprovider.kubernetes.io/uninitialized- >/dev/null 2>&1 || true
+}
+
+cmd_up() {
+  local t0=$SECONDS
+  [[ $EUID -eq 0 ]] || die "must run as root (namespaces, mounts, cgroups)"
+  "$here/cluster.sh" status >/dev/null || die "no hack/cluster.sh cluster is up"
+  mkdir -p "$root/target"
+  exec 8>"$lock"
+  flock 8
+  if alive kubelet && alive containerd && node_ready; then
+    log "already up (node $node)"
+    return 0
+  fi
+  if machine_lock_held_elsewhere; then
+    log "SKIPPED: another real node runs on this machine (state: $(cat "$machine_owner" 2>/dev/null || echo unknown));" \
+      "only one per machine (cgroups /sys/fs/cgroup/*/kubepods); lock $machine_lock"
+    exit 3
+  fi
+  if [[ -e "$rn" ]]; then
+    log "removing stale state in $rn"
+    teardown
+  fi
+  if [[ -n "$(ss -Hltn "sport = :$kubelet_port")" ]]; then
+    die "port $kubelet_port (kubelet relay, SCALEDOWN_E2E_PORT_BASE+10) is in use"
+  fi
+
+  ensure_packages
+  local tb=$SECONDS kubelet_dir
+  kubelet_dir=$("$here/build-kubelet.sh" | tail -n 1)
+  [[ -x "$kubelet_dir/kubelet" ]] || die "hack/build-kubelet.sh produced no kubelet"
+  echo "[timing] real-node kubelet binary: $((SECONDS - tb)) s"
+
+  trap 'rc=$?; if ((rc != 0)); then log "start failed; stopping what was started (logs: $rn/logs)"; cp -r "$rn/logs" "$root/target/real-node-logs-failed" 2>/dev/null || true; teardown; fi' EXIT
+  trap 'exit 130' INT TERM
+  mkdir -p "$rn/pids" "$rn/logs"
+  local s
+  for s in "${sysctls[@]}"; do echo "$s=$(sysctl -n "$s")"; done >"$rn/sysctls"
+
+  # The namespace holder: a network namespace with lo and the pod bridge carrying the node IP, and
+  # a private mount namespace with its own /run (containerd's /run/containerd, runc's state, the
+  # pods' network namespace files). Its argv[0] names the state dir, so is_ours recognises it.
+  start holder unshare --net --mount --propagation private -- bash -c "
+    set -e
+    exec 9>'$machine_lock'
+    flock -n 9 || { echo 'machine lock $machine_lock is held by another real node'; exit 75; }
+    echo '$rn' >'$machine_owner'
+    mount -t tmpfs -o mode=755,size=64m scaledown-real-node-run /run
+    mkdir -p /run/lock /run/shm /run/netns
+    ip link set lo up
+    ip link add cni0 type bridge
+    ip addr add $node_ip/24 dev cni0
+    ip link set cni0 up
+    exec -a 'scaledown-real-node-holder $rn/' sleep infinity"
+  wait_for 10 "namespace holder" holder_ready
+  echo "$(stat -L -c %i "/proc/$(pid_of holder)/ns/net") $(stat -L -c %i "/proc/$(pid_of holder)/ns/mnt")" >"$rn/ns"
+
+  # Loopback relays (unix sockets join the two network namespaces).
+  start relay-api-host socat "UNIX-LISTEN:$rn/api.sock,fork,unlink-early" "TCP:127.0.0.1:$api_port"
+  start relay-api-ns nsenter -t "$(pid_of holder)" -n -- socat "TCP-LISTEN:$api_port,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONNECT:$rn/api.sock"
+  start relay-kubelet-ns nsenter -t "$(pid_of holder)" -n -- socat "UNIX-LISTEN:$rn/kubelet.sock,fork,unlink-early" "TCP:127.0.0.1:$kubelet_port"
+  start relay-kubelet-host socat "TCP-LISTEN:$kubelet_port,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONNECT:$rn/kubelet.sock"
+
+  client_cert
+  write_configs
+  start containerd nsenter -t "$(pid_of holder)" -n -m -- containerd --config "$rn/containerd.toml"
+  wait_for 30 "containerd socket" ctr_ok
+  local ti=$SECONDS
+  "$here/busybox-image.sh" "$rn/busybox-oci.tar"
+  ctr -a "$rn/containerd.sock" -n k8s.io images import "$rn/busybox-oci.tar" >"$rn/logs/import.log" 2>&1 ||
+    { cat "$rn/logs/import.log" >&2; die "image import failed"; }
+  ctr -a "$rn/containerd.sock" -n k8s.io images ls -q >>"$rn/logs/import.log"
+  # The mirror: a registry on the namespace's loopback (crane, hack/build-tools.sh) serving the same
+  # images, so pulls (imagePullPolicy Always, the default for :latest) are answered locally.
+  # containerd's hosts.toml names it as the only host for docker.io: no fallback to the internet.
+  local crane
+  crane=$("$here/build-tools.sh" crane | tail -n 1) || die "hack/build-tools.sh crane failed"
+  mkdir -p "$rn/registry"
+  for h in "${mirrored[@]}"; do mkdir -p "$rn/certs.d/$h"; done
+  start registry nsenter -t "$(pid_of holder)" -n -- "$crane" registry serve --address "127.0.0.1:$registry_port" --disk "$rn/registry"
+  wait_for 20 "registry on the namespace's 127.0.0.1:$registry_port" registry_ok
+  local h
+  for h in "${mirrored[@]}"; do
+    printf 'server = "http://127.0.0.1:%s"\n\n[host."http://127.0.0.1:%s"]\n  capabilities = ["pull", "resolve"]\n' \
+      "$registry_port" "$registry_port" >"$rn/certs.d/$h/hosts.toml"
+  done
+  in_ns ctr -a "$rn/containerd.sock" -n k8s.io images push --plain-http \
+    "127.0.0.1:$registry_port/library/busybox:latest" docker.io/library/busybox:latest >>"$rn/logs/import.log" 2>&1 ||
+    { tail -n 20 "$rn/logs/import.log" >&2; die "pushing busybox to the mirror failed"; }
+  in_ns ctr -a "$rn/containerd.sock" -n k8s.io images push --plain-http \
+    "127.0.0.1:$registry_port/scaledown/sandbox:busybox" "$sandbox_image" >>"$rn/logs/import.log" 2>&1 ||
+    { tail -n 20 "$rn/logs/import.log" >&2; die "pushing the sandbox image to the mirror failed"; }
+  echo "[timing] real-node image import and mirror: $((SECONDS - ti)) s"
+
+  # The kubelet's identity (system:node:$node in system:nodes) gets the system:node role; the API
+  # server runs with RBAC only, so no Node authorizer.
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: scaledown-real-node-$node
+  labels: {scaledown.test/node: real}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:node"}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:node:$node"}
+---
+# Volumes on the real node: static hostPath PVs with node affinity to it (hack/create-pvs.sh
+# --node $node --class real-hostpath; tests: support::create_real_pvs). WaitForFirstConsumer, so a
+# claim binds once its pod is scheduled (to the real node).
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: real-hostpath
+  labels: {scaledown.test/node: real}
+provisioner: kubernetes.io/no-provisioner
+volumeBindingMode: WaitForFirstConsumer
+reclaimPolicy: Retain
+EOF
+
+  local tk=$SECONDS
+  start kubelet nsenter -t "$(pid_of holder)" -n -m -- "$kubelet_dir/kubelet" \
+    --config="$rn/kubelet.yaml" --kubeconfig="$rn/kubelet.kubeconfig" --root-dir="$rn/kubelet" \
+    --hostname-override="$node" --node-ip="$node_ip" --cloud-provider=external \
+    --node-labels="scaledown.test/node=real" --v=2
+  wait_for 60 "node $node registered" node_registered
+  initialize_node
+  wait_for 90 "node $node Ready" node_ready
+  trap - EXIT INT TERM
+  echo "[timing] real-node kubelet start -> Ready: $((SECONDS - tk)) s"
+  echo "[timing] real-node up: $((SECONDS - t0)) s"
+  log "up: node $node ($node_ip in its own netns), kubelet relay 127.0.0.1:$kubelet_port, logs $rn/logs"
+}
+
+holder_ready() { alive holder && nsenter -t "$(pid_of holder)" -n ip -br addr show cni0 2>/dev/null | grep -qF "$node_ip"; }
+ctr_ok() { ctr -a "$rn/containerd.sock" version >/dev/null 2>&1; }
+registry_ok() { alive registry && in_ns curl -fsS --max-time 2 "http://127.0.0.1:$registry_port/v2/" >/dev/null 2>&1; }
+
+# --- down ------------------------------------------------------------------------------------------
+
+# True if another real node (not ours) holds the machine lock: then nothing machine-wide (kubepods
+# cgroups and their processes) is ours to touch.
+machine_lock_held_elsewhere() {
+  alive holder && return 1
+  [[ -e "$machine_lock" ]] || return 1
+  ! flock -n "$machine_lock" true
+}
+
+# Stops everything of the node, in order, then sweeps what is left; safe to run on a partial start
+# or when nothing runs.
+teardown() {
+  local others=0
+  if machine_lock_held_elsewhere; then
+    others=1
+    [[ ! -e "$rn" ]] || log "another real node holds $machine_lock ($(cat "$machine_owner" 2>/dev/null)); sweeping only $rn"
+  fi
+  stop kubelet 15
+  if alive containerd && ctr_ok; then
+    local t
+    for t in $(ctr -a "$rn/containerd.sock" -n k8s.io tasks ls -q 2>/dev/null); do
+      ctr -a "$rn/containerd.sock" -n k8s.io tasks kill -s SIGKILL "$t" >/dev/null 2>&1 || true
+    done
+    for t in $(ctr -a "$rn/containerd.sock" -n k8s.io tasks ls -q 2>/dev/null); do
+      local i
+      for ((i = 0; i < 50; i++)); do
+        ctr -a "$rn/containerd.sock" -n k8s.io tasks delete "$t" >/dev/null 2>&1 && break
+        sleep 0.1
+      done
+    done
+    for t in $(ctr -a "$rn/containerd.sock" -n k8s.io containers ls -q 2>/dev/null); do
+      ctr -a "$rn/containerd.sock" -n k8s.io containers delete "$t" >/dev/null 2>&1 || true
+    done
+  fi
+  stop containerd 15
+  stop registry 3
+  local n
+  for n in relay-kubelet-host relay-kubelet-ns relay-api-ns relay-api-host; do stop "$n" 3; done
+  # Shims, containers and anything else still in the namespaces or the kubepods cgroups.
+  local left round
+  for round in 1 2 3; do
+    ((others == 0)) || break
+    left=$(node_processes | grep -vx "$(pid_of holder 2>/dev/null || echo none)" || true)
+    [[ -n "$left" ]] || break
+    log "killing leftover processes: $(echo "$left" | tr '\n' ' ')"
+    # shellcheck disable=SC2086 # one pid per word
+    kill -KILL $left 2>/dev/null || true
+    sleep 0.5
+  done
+  stop holder 3
+  # Mounts on the host under the state dir (none are expected: the node's mounts live in its own
+  # mount namespace), innermost first.
+  local m
+  for m in $(awk -v p="$rn/" 'index($5, p) == 1 {print $5}' /proc/self/mountinfo | sort -r); do
+    umount "$m" 2>/dev/null || umount -l "$m" || true
+  done
+  # The kubelet's cgroups in every v1 hierarchy, deepest first.
+  local c
+  for c in /sys/fs/cgroup/*/kubepods; do
+    ((others == 0)) || break
+    [[ -d "$c" ]] || continue
+    find "$c" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+  done
+  if ((others == 0)) && [[ "$(cat "$machine_owner" 2>/dev/null)" == "$rn" ]]; then rm -f "$machine_owner"; fi
+  if [[ -s "$rn/sysctls" ]]; then
+    local kv
+    while read -r kv; do sysctl -q -w "$kv" >/dev/null 2>&1 || log "could not restore $kv"; done <"$rn/sysctls"
+  fi
+  if "$here/cluster.sh" status >/dev/null 2>&1; then
+    kubectl delete node "$node" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+    kubectl delete clusterrolebinding "scaledown-real-node-$node" --ignore-not-found >/dev/null 2>&1 || true
+    kubectl delete storageclass real-hostpath --ignore-not-found >/dev/null 2>&1 || true
+  fi
+  if [[ -d "$rn/logs" ]]; then
+    rm -rf "$root/target/real-node-logs-last"
+    cp -r "$rn/logs" "$root/target/real-node-logs-last"
+  fi
+  rm -rf -- "$rn"
+}
+
+leftovers_report() {
+  local bad=0 p c
+  machine_lock_held_elsewhere && return 0 # the kubepods cgroups and their processes are the other node's
+  p=$(node_processes)
+  [[ -z "$p" ]] || { log "processes left: $(echo "$p" | tr '\n' ' ')"; bad=1; }
+  if awk -v p="$rn/" 'index($5, p) == 1' /proc/self/mountinfo | grep -q .; then log "mounts left under $rn"; bad=1; fi
+  for c in /sys/fs/cgroup/*/kubepods; do [[ -d "$c" ]] && { log "cgroup left: $c"; bad=1; }; done
+  return $bad
+}
+
+cmd_down() {
+  local t0=$SECONDS
+  mkdir -p "$root/target"
+  exec 8>"$lock"
+  flock 8
+  teardown
+  leftovers_report || die "teardown left something behind"
+  echo "[timing] real-node down: $((SECONDS - t0)) s"
+}
+
+cmd_status() {
+  if alive kubelet && alive containerd && node_ready; then
+    echo "up: node $node Ready; kubelet pid $(pid_of kubelet), containerd pid $(pid_of containerd)"
+    return 0
+  fi
+  if [[ -e "$rn" ]]; then echo "down (stale state in $rn; 'hack/real-node.sh down' cleans it)"; else echo "down"; fi
+  return 1
+}
+
+# push-image OCI_LAYOUT REF: the layout's image tagged with REF's tag, pushed as REF's repository
+# path to the node's registry (the mirror of REF's host).
+cmd_push_image() {
+  local layout=${1:?usage: $0 push-image OCI_LAYOUT REF} ref=${2:?usage: $0 push-image OCI_LAYOUT REF}
+  local tag=${ref##*:} path=${ref#*/} crane
+  path=${path%:*}
+  [[ "$tag" != "$ref" ]] || die "REF must end in :TAG (got $ref)"
+  [[ -s "$layout/index.json" ]] || die "no OCI layout at $layout (make image builds target/image/oci)"
+  alive holder && registry_ok || die "the real node is not up (hack/real-node.sh up)"
+  crane=$("$here/build-tools.sh" crane | tail -n 1) || die "hack/build-tools.sh crane failed"
+  # crane push takes a layout of one image: pick REF's tag out of the index.
+  local one
+  one=$(mktemp -d)
+  trap 'rm -rf "$one"' RETURN
+  cp -r "$layout/." "$one/"
+  jq --arg tag "$tag" '.manifests |= map(select(.annotations["org.opencontainers.image.ref.name"] == $tag))' \
+    "$layout/index.json" >"$one/index.json"
+  [[ "$(jq '.manifests | length' "$one/index.json")" == 1 ]] || die "no image tagged $tag in $layout/index.json"
+  in_ns "$crane" push --insecure "$one" "127.0.0.1:$registry_port/$path:$tag" >&2 ||
+    die "pushing $ref to the node's registry failed"
+  log "pushed $ref (127.0.0.1:$registry_port/$path:$tag in the node's namespace)"
+}
+
+case "${1:-}" in
+up) cmd_up ;;
+push-image)
+  shift
+  cmd_push_image "$@"
+  ;;
+down) cmd_down ;;
+status) cmd_status ;;
+*)
+  echo "usage: $0 up|down|status|push-image OCI_LAYOUT REF" >&2
+  exit 2
+  ;;
+esac
