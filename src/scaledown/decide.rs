@@ -764,8 +764,11 @@ impl CleanupStep<'_> {
             Phase::Succeeded => self.complete(plan),
             Phase::Failed => self.failed(plan),
             Phase::Pending if self.cleanup.gated => self.release(plan),
-            Phase::Pending => self.check_stuck(plan),
-            Phase::Running | Phase::Unknown => {}
+            Phase::Pending => {
+                self.check_restarts(plan);
+                self.check_stuck(plan);
+            }
+            Phase::Running | Phase::Unknown => self.check_restarts(plan),
         }
     }
 
@@ -803,6 +806,23 @@ impl CleanupStep<'_> {
                 plan.steps.push(self.delete_pod(PodDeletion::NeverRan));
             }
         }
+    }
+
+    /// A container the kubelet restarts in place after it failed (`restartPolicy: OnFailure`): the
+    /// pod never reaches Failed, so `--cleanup-attempts` and the backoff do not apply. Say so; the
+    /// claims stay, as for any cleanup that has not succeeded.
+    fn check_restarts(&self, plan: &mut Plan) {
+        let Some(r) = &self.cleanup.restarts else {
+            return;
+        };
+        plan.event(
+            Reason::CleanupFailed,
+            self.pod.uid.clone(),
+            format!(
+                "cleanup pod {} (attempt {}): container {} failed ({}, exit code {}) and the kubelet restarted it in place, {} restart(s) so far (restartPolicy OnFailure); the claims are kept. Fix the script, or set restartPolicy: Never in the template to get the controller's attempts and backoff instead",
+                self.pod.name, self.cleanup.attempt, r.container, r.reason, r.exit_code, r.count
+            ),
+        );
     }
 
     fn check_stuck(&self, plan: &mut Plan) {

@@ -200,6 +200,21 @@ pub struct CleanupFacts {
     pub created: Option<Timestamp>,
     /// It was bound to a node (so it is past scheduling).
     pub scheduled: bool,
+    /// The kubelet restarted a container of the pod after it failed (`restartPolicy: OnFailure`,
+    /// the default): the pod stays Running and never reaches Failed, so this is the only sign of a
+    /// failing cleanup script.
+    pub restarts: Option<Restarts>,
+}
+
+/// Restarts of a cleanup pod's containers after a failure, from their statuses.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Restarts {
+    /// Restarts of all its containers (init containers included).
+    pub count: u32,
+    /// The container whose last run failed, and how (`lastState.terminated`).
+    pub container: String,
+    pub reason: String,
+    pub exit_code: i32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -486,7 +501,33 @@ pub fn cleanup_facts(pod: &Pod, record: &Record) -> CleanupFacts {
         created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
         scheduled: pod.spec.as_ref().is_some_and(|s| s.node_name.is_some())
             || status.is_some_and(|s| s.start_time.is_some()),
+        restarts: restarts_of(pod),
     }
+}
+
+/// The restarts of `pod`'s containers, if one of them was restarted after a non-zero exit.
+pub fn restarts_of(pod: &Pod) -> Option<Restarts> {
+    let status = pod.status.as_ref()?;
+    let containers: Vec<_> = status
+        .init_container_statuses
+        .iter()
+        .chain(status.container_statuses.iter())
+        .flatten()
+        .collect();
+    let count = containers
+        .iter()
+        .map(|c| u32::try_from(c.restart_count).unwrap_or(0))
+        .sum::<u32>();
+    let (container, last) = containers.iter().find_map(|c| {
+        let t = c.last_state.as_ref()?.terminated.as_ref()?;
+        (c.restart_count > 0 && t.exit_code != 0).then_some((c.name.clone(), t))
+    })?;
+    Some(Restarts {
+        count,
+        container,
+        reason: last.reason.clone().unwrap_or_else(|| "Error".into()),
+        exit_code: last.exit_code,
+    })
 }
 
 fn phase_of(pod: &Pod) -> Phase {

@@ -76,6 +76,7 @@ fn cleanup_pod(ordinal: u32, phase: Phase, attempt: u32, gated: bool) -> PodFact
             claims: BTreeMap::new(),
             gated,
             scheduled: phase != Phase::Pending,
+            restarts: None,
             failure: None,
             created: Some(t0()),
         }),

@@ -88,6 +88,7 @@ fn cleanup(ordinal: u32, phase: Phase, attempt: u32) -> PodFacts {
             claims: [(format!("data-web-{ordinal}"), format!("uid-data-{ordinal}"))].into(),
             gated: false,
             scheduled: true,
+            restarts: None,
             failure: (phase == Phase::Failed).then(|| Failure {
                 reason: "Error".into(),
                 exit_code: Some(1),
@@ -957,6 +958,44 @@ fn stuck_pending_pods_are_reported_once_past_the_timeout() {
     assert_eq!(summary(&early), Vec::<String>::new());
     assert_eq!(early.requeue_after, Some(Duration::from_secs(360)));
     assert_eq!(plan(&pending(11)), ["warn CleanupPodStuck"]);
+}
+
+#[test]
+fn a_cleanup_container_restarted_by_the_kubelet_is_reported_and_its_claims_kept() {
+    use crate::scaledown::observe::Restarts;
+    let restarted = |phase: Phase, count: u32| {
+        let mut o = with_claims(web(2), 0..3, 0..2);
+        let mut pod = cleanup(2, phase, 1);
+        if let PodRole::Cleanup(c) = &mut pod.role {
+            c.created = Some(t0());
+            c.restarts = (count > 0).then(|| Restarts {
+                count,
+                container: "main".into(),
+                reason: "Error".into(),
+                exit_code: 3,
+            });
+        }
+        set_pod(&mut o, 2, pod);
+        o.now = t0();
+        o
+    };
+    // Running (or Pending while an init container crash-loops): a Warning, no step on the claims.
+    assert_eq!(plan(&restarted(Phase::Running, 2)), ["warn CleanupFailed"]);
+    assert_eq!(plan(&restarted(Phase::Pending, 1)), ["warn CleanupFailed"]);
+    assert_eq!(plan(&restarted(Phase::Running, 0)), Vec::<String>::new());
+    let p = decide(&restarted(Phase::Running, 2), &Policy::default());
+    let note = p
+        .steps
+        .iter()
+        .find_map(|s| match s {
+            Step::Event(e) => Some(e.note.clone()),
+            _ => None,
+        })
+        .expect("an event");
+    assert!(
+        note.contains("exit code 3") && note.contains("2 restart(s)") && note.contains("Never"),
+        "{note}"
+    );
 }
 
 #[test]

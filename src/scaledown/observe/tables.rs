@@ -292,3 +292,54 @@ fn records_table() {
     let records = one(r#"{"3":{"pod":"a","claims":{"d":"e"}},"1":{"pod":"b"}}"#);
     assert_eq!(parse_records(Some(&format_records(&records))), records);
 }
+
+#[test]
+fn restarts_table() {
+    use crate::scaledown::observe::restarts_of;
+    // (what the container statuses say, the restarts observe must report: count, container, exit)
+    let failed_once = json!({"name": "main", "restartCount": 1,
+        "lastState": {"terminated": {"exitCode": 3, "reason": "Error"}}});
+    type Want = Option<(u32, &'static str, i32)>;
+    let rows: Vec<(&str, serde_json::Value, Want)> = vec![
+        ("no statuses yet", json!({}), None),
+        (
+            "running, never restarted",
+            json!({"containerStatuses": [{"name": "main", "restartCount": 0}]}),
+            None,
+        ),
+        (
+            "restarted after exit 3",
+            json!({"containerStatuses": [failed_once.clone()]}),
+            Some((1, "main", 3)),
+        ),
+        (
+            "restarted after exit 0 (a restart that was not a failure)",
+            json!({"containerStatuses": [{"name": "main", "restartCount": 1,
+                "lastState": {"terminated": {"exitCode": 0}}}]}),
+            None,
+        ),
+        (
+            "an init container crash-looping, counts summed",
+            json!({"initContainerStatuses": [{"name": "prep", "restartCount": 4,
+                    "lastState": {"terminated": {"exitCode": 1}}}],
+                "containerStatuses": [{"name": "main", "restartCount": 0}]}),
+            Some((4, "prep", 1)),
+        ),
+        (
+            "a negative count from a broken status is ignored",
+            json!({"containerStatuses": [{"name": "main", "restartCount": -5,
+                "lastState": {"terminated": {"exitCode": 2}}}]}),
+            None,
+        ),
+    ];
+    for (what, status, want) in rows {
+        let p: Pod =
+            serde_json::from_value(json!({"metadata": {"name": "web-2"}, "status": status}))
+                .expect("pod");
+        let got = restarts_of(&p);
+        let got = got
+            .as_ref()
+            .map(|r| (r.count, r.container.as_str(), r.exit_code));
+        assert_eq!(got, want, "{what}");
+    }
+}
