@@ -26,7 +26,9 @@ use crate::naming;
 use crate::reason::Reason;
 use crate::scaledown::act::{Actor, Created, Done};
 use crate::scaledown::decide::{self, Confirm, Plan, Policy, Step, Verdict, decide};
-use crate::scaledown::observe::{self, Observed, Record, Rejection, SetFacts, SetRead, Sources};
+use crate::scaledown::observe::{
+    self, Observed, Phase, PodFacts, PodRole, Record, Rejection, SetFacts, SetRead, Sources,
+};
 use crate::scaledown::watch::{self, Stores};
 
 /// How long a cleanup pod we created counts as in flight (and is not created again) before the
@@ -457,6 +459,11 @@ impl Context {
         drop(in_flight);
         let mut recreates = self.recreates.lock().unwrap_or_else(|p| p.into_inner());
         recreates.retain(|_, (_, last)| last.elapsed() < RECREATE_WINDOW);
+        // A cleanup pod that ran (whatever its end) was not lost: its name starts afresh, so a set
+        // scaled down again and again is never held back by its earlier, finished cleanups.
+        for name in observed.ordinals.values().filter_map(|o| ran(o.pod.as_ref()?)) {
+            recreates.remove(&(ns.clone(), name.to_string()));
+        }
         for created in &done.created {
             let key = (observed.set.namespace.clone(), created.name.clone());
             let entry = recreates.entry(key).or_insert((0, Instant::now()));
@@ -619,6 +626,14 @@ pub fn error_policy(set: Arc<StatefulSet>, _err: &Error, ctx: Arc<Context>) -> A
             .unwrap_or(ERROR_BACKOFF_BASE)
             .max(Duration::from_millis(1)),
     )
+}
+
+/// The name of a recorded cleanup pod that got past Pending (it ran).
+fn ran(pod: &PodFacts) -> Option<&str> {
+    match &pod.role {
+        PodRole::Cleanup(c) if c.phase != Phase::Pending => Some(pod.name.as_str()),
+        _ => None,
+    }
 }
 
 /// The least time between the `nth` create of one cleanup pod name (within [`RECREATE_WINDOW`])

@@ -574,3 +574,22 @@ async fn a_pod_deleted_by_someone_else_again_and_again_is_created_at_the_backoff
     );
     assert!(ctx.recreate_wait(&key).is_some());
 }
+
+#[tokio::test]
+async fn a_cleanup_pod_that_ran_clears_its_name_so_the_next_scale_down_is_not_held_back() {
+    // A set scaled down again and again: web-1 was created many times, each time it ran.
+    let set: StatefulSet = object(web(1, true));
+    let pods = vec![stateful_pod(), succeeded_cleanup("uid-cleanup")];
+    let (ctx, _log) = context(&set, pods, server(Some(web(1, true))));
+    let key = ("ns".to_string(), "web-1".to_string());
+    ctx.recreates
+        .lock()
+        .expect("lock")
+        .insert(key.clone(), (5, Instant::now()));
+    assert!(ctx.recreate_wait(&key).is_some(), "held back before");
+    ctx.pass(&set).await.expect("pass");
+    assert!(
+        ctx.recreate_wait(&key).is_none(),
+        "a pod that ran is not a lost create: the name starts afresh"
+    );
+}
