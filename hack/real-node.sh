@@ -28,7 +28,12 @@
 # namespace this script creates, reachable only through loopback relays:
 #   kubelet -> API server  netns 127.0.0.1:<api port> -socat-> unix socket -socat-> host 127.0.0.1:<api port>
 #   API server -> kubelet  host 127.0.0.1:<kubelet port> -socat-> unix socket -socat-> netns 127.0.0.1:<kubelet port>
+#   pods -> API server     netns <kubernetes Service ClusterIP>:443 (on the namespace's lo) -socat-> the api socket
+#                          (in-cluster clients dial KUBERNETES_SERVICE_HOST:PORT; there is no kube-proxy)
 # The namespace has no route out: a bridge (cni0, 10.250.0.1/24, the node IP) for the pods and lo.
+# cni0 has a fixed MAC address: a bridge without one takes the lowest MAC of its ports, so it
+# changed whenever a pod came or went, and the other pods' cached gateway MAC went stale (their
+# connections to the node and the API server, and the kubelet's probes, stalled for 30 s and more).
 # Nothing is added to the host's network configuration. For API server -> kubelet the node's
 # addresses are set by this script (the kubelet runs with --cloud-provider=external, this script
 # plays the cloud controller): InternalIP 10.250.0.1 and Hostname 127.0.0.1, so the API server (which
@@ -59,6 +64,7 @@ api_port=$((port_base + 2))
 kubelet_port=$((port_base + 10))
 node=${SCALEDOWN_REAL_NODE_NAME:-real-0}
 node_ip=10.250.0.1
+bridge_mac=0a:58:0a:fa:00:01
 pod_subnet=10.250.0.0/24
 registry_port=5000 # on the namespace's own loopback
 # Registries whose only host, for containerd, is that registry.
@@ -330,6 +336,23 @@ initialize_node() {
   kubectl taint node "$node" node.cloudprovider.kubernetes.io/uninitialized- >/dev/null 2>&1 || true
 }
 
+# What pods need of the node's network besides the bridge. Its fixed MAC (see the header; 0a:58
+# and the node IP, as the CNI plugins derive theirs). And the kube-proxy part, for the one Service
+# pods need: in-cluster clients (the controller's image) dial the `kubernetes` Service's ClusterIP
+# and port, which the kubelet puts in every container's KUBERNETES_SERVICE_HOST/PORT. The address
+# goes on the namespace's lo and a relay forwards it to the API server through the api socket; the
+# API server's certificate names that address. Idempotent: also run by `up` on a node that runs.
+ensure_pod_network() {
+  nsenter -t "$(pid_of holder)" -n -- ip link set cni0 address "$bridge_mac"
+  local ip port
+  ip=$(kubectl get service kubernetes -n default -o 'jsonpath={.spec.clusterIP}') || die "no Service default/kubernetes"
+  port=$(kubectl get service kubernetes -n default -o 'jsonpath={.spec.ports[0].port}')
+  [[ -n "$ip" && -n "$port" ]] || die "Service default/kubernetes has no ClusterIP or port"
+  nsenter -t "$(pid_of holder)" -n -- ip addr replace "$ip/32" dev lo
+  alive relay-api-service && return 0
+  start relay-api-service nsenter -t "$(pid_of holder)" -n -- socat "TCP-LISTEN:$port,bind=$ip,fork,reuseaddr" "UNIX-CONNECT:$rn/api.sock"
+}
+
 cmd_up() {
   local t0=$SECONDS
   [[ $EUID -eq 0 ]] || die "must run as root (namespaces, mounts, cgroups)"
@@ -338,6 +361,7 @@ cmd_up() {
   exec 8>"$lock"
   flock 8
   if alive kubelet && alive containerd && node_ready; then
+    ensure_pod_network
     log "already up (node $node)"
     return 0
   fi
@@ -389,6 +413,7 @@ cmd_up() {
   start relay-api-ns nsenter -t "$(pid_of holder)" -n -- socat "TCP-LISTEN:$api_port,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONNECT:$rn/api.sock"
   start relay-kubelet-ns nsenter -t "$(pid_of holder)" -n -- socat "UNIX-LISTEN:$rn/kubelet.sock,fork,unlink-early" "TCP:127.0.0.1:$kubelet_port"
   start relay-kubelet-host socat "TCP-LISTEN:$kubelet_port,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONNECT:$rn/kubelet.sock"
+  ensure_pod_network
 
   client_cert
   write_configs
@@ -502,7 +527,7 @@ teardown() {
   stop containerd 15
   stop registry 3
   local n
-  for n in relay-kubelet-host relay-kubelet-ns relay-api-ns relay-api-host; do stop "$n" 3; done
+  for n in relay-api-service relay-kubelet-host relay-kubelet-ns relay-api-ns relay-api-host; do stop "$n" 3; done
   # Shims, containers and anything else still in the namespaces or the kubepods cgroups.
   local left round
   for round in 1 2 3; do
@@ -594,6 +619,16 @@ cmd_push_image() {
   [[ "$(jq '.manifests | length' "$one/index.json")" == 1 ]] || die "no image tagged $tag in $layout/index.json"
   in_ns "$crane" push --insecure "$one" "127.0.0.1:$registry_port/$path:$tag" >&2 ||
     die "pushing $ref to the node's registry failed"
+  # containerd keeps the image it pulled under REF, and pods (imagePullPolicy IfNotPresent) would
+  # start that one: forget it if it is another image, so the next pod pulls the pushed one.
+  local pushed cached
+  pushed=$(jq -r '.manifests[0].digest' "$one/index.json")
+  cached=$(ctr -a "$rn/containerd.sock" -n k8s.io images ls "name==$ref" | awk 'NR == 2 {print $3}')
+  if [[ -n "$cached" && "$cached" != "$pushed" ]]; then
+    ctr -a "$rn/containerd.sock" -n k8s.io images rm "$ref" >/dev/null ||
+      die "cannot drop the node's cached copy of $ref (another image)"
+    log "dropped the node's cached copy of $ref (another image than $pushed)"
+  fi
   log "pushed $ref (127.0.0.1:$registry_port/$path:$tag in the node's namespace)"
 }
 

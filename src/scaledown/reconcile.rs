@@ -461,7 +461,11 @@ impl Context {
         recreates.retain(|_, (_, last)| last.elapsed() < RECREATE_WINDOW);
         // A cleanup pod that ran (whatever its end) was not lost: its name starts afresh, so a set
         // scaled down again and again is never held back by its earlier, finished cleanups.
-        for name in observed.ordinals.values().filter_map(|o| ran(o.pod.as_ref()?)) {
+        for name in observed
+            .ordinals
+            .values()
+            .filter_map(|o| ran(o.pod.as_ref()?))
+        {
             recreates.remove(&(ns.clone(), name.to_string()));
         }
         for created in &done.created {
