@@ -225,7 +225,16 @@ wait_until() {
   local deadline=$((SECONDS + timeout))
   until "$@"; do
     if [[ -n "$component" ]] && ! component_alive "$component"; then
-      fail "$component" "$component exited while waiting for: $what"
+      # Look twice before calling it dead, and say what the pid was (a start once failed here in
+      # CI within 0.7 s with an empty log, and was not seen again).
+      sleep 0.25
+      if ! component_alive "$component"; then
+        local pid
+        pid=$(pid_of "$component") || pid=none
+        log "$component pid $pid: stat '$(cat "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1-8)'," \
+          "cmdline '$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | cut -c1-200)'"
+        fail "$component" "$component exited while waiting for: $what"
+      fi
     fi
     if ((SECONDS >= deadline)); then
       fail "$component" "timed out after ${timeout}s waiting for: $what"
