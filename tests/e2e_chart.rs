@@ -296,12 +296,8 @@ fn every_controller_flag_is_reachable_through_values() {
 /// and the chart's appVersion and version are the crate's.
 #[test]
 fn chart_image_and_versions_match_the_crate_and_the_makefile() {
-    let makefile = std::fs::read_to_string(repo().join("Makefile")).expect("Makefile");
-    let image = makefile
-        .lines()
-        .find_map(|l| l.strip_prefix("IMAGE ?= "))
-        .map(str::trim)
-        .expect("IMAGE ?= in the Makefile");
+    let image = support::makefile_image();
+    let image = image.as_str();
     let chart: Value = serde_yaml_ng::from_str(
         &std::fs::read_to_string(repo().join(CHART).join("Chart.yaml")).expect("Chart.yaml"),
     )

@@ -89,12 +89,8 @@ fn manifests_grant_the_same_rules_in_both_modes() {
 /// Every image in artifacts/*.yaml is the Makefile's `IMAGE`.
 #[test]
 fn manifest_images_match_the_makefile() {
-    let makefile = std::fs::read_to_string(repo().join("Makefile")).expect("read Makefile");
-    let image = makefile
-        .lines()
-        .find_map(|l| l.strip_prefix("IMAGE ?= "))
-        .map(str::trim)
-        .expect("the Makefile has a line `IMAGE ?= <image>`");
+    let image = support::makefile_image();
+    let image = image.as_str();
     let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("artifacts"))
         .expect("artifacts/")
         .filter_map(|e| e.ok().map(|e| e.path()))

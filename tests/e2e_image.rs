@@ -29,17 +29,8 @@ fn image_dir() -> PathBuf {
     repo().join("target/image")
 }
 
-fn makefile_image() -> String {
-    let makefile = std::fs::read_to_string(repo().join("Makefile")).expect("Makefile");
-    makefile
-        .lines()
-        .find_map(|l| l.strip_prefix("IMAGE ?= "))
-        .map(|s| s.trim().to_string())
-        .expect("IMAGE ?= in the Makefile")
-}
-
 fn tag() -> String {
-    makefile_image()
+    support::makefile_image()
         .rsplit_once(':')
         .map(|(_, t)| t.to_string())
         .expect("IMAGE has a tag")

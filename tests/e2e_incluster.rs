@@ -78,16 +78,6 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 // === the image on the real node ===
 
-/// The Makefile's `IMAGE`, the image the chart and the manifests name.
-fn image() -> String {
-    let makefile = std::fs::read_to_string(repo().join("Makefile")).expect("read Makefile");
-    makefile
-        .lines()
-        .find_map(|l| l.strip_prefix("IMAGE ?= "))
-        .map(|s| s.trim().to_string())
-        .expect("the Makefile has a line `IMAGE ?= <image>`")
-}
-
 /// Pushes target/image/oci (`make image`) to the real node's registry under [`image`], once per
 /// run; returns the image's manifest digest (target/image/digest).
 fn push_image() -> &'static str {
@@ -103,7 +93,7 @@ fn push_image() -> &'static str {
         let out = std::process::Command::new(repo().join("hack/real-node.sh"))
             .arg("push-image")
             .arg(&layout)
-            .arg(image())
+            .arg(support::makefile_image())
             .output()
             .expect("run hack/real-node.sh push-image");
         assert!(
@@ -119,7 +109,7 @@ fn push_image() -> &'static str {
             .to_string();
         eprintln!(
             "e2e_incluster: pushed {} ({digest}) to the node's registry in {} ms",
-            image(),
+            support::makefile_image(),
             started.elapsed().as_millis()
         );
         digest

@@ -95,6 +95,17 @@ fn repo_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The Makefile's `IMAGE` (`IMAGE ?= ...`): the image `make image` builds and the chart and the
+/// manifests name.
+pub fn makefile_image() -> String {
+    let makefile = std::fs::read_to_string(repo_dir().join("Makefile")).expect("read Makefile");
+    makefile
+        .lines()
+        .find_map(|l| l.strip_prefix("IMAGE ?= "))
+        .map(|s| s.trim().to_string())
+        .expect("the Makefile has a line `IMAGE ?= <image>`")
+}
+
 /// Directory of the local cluster's state (`target/cluster`).
 pub fn cluster_state_dir() -> PathBuf {
     repo_dir().join("target").join("cluster")
