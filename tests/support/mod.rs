@@ -536,44 +536,8 @@ pub async fn create_static_pvs_from(
     n: usize,
     reclaim: Reclaim,
 ) -> Vec<String> {
-    let classes: Api<StorageClass> = Api::all(client.clone());
-    let sc: StorageClass = from_json(json!({
-        "metadata": {"name": class, "labels": {CLASS_LABEL: class}},
-        "provisioner": "kubernetes.io/no-provisioner",
-        "volumeBindingMode": "Immediate",
-        "reclaimPolicy": "Delete",
-    }));
-    match classes.create(&PostParams::default(), &sc).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => panic!("e2e: cannot create StorageClass {class}: {e}"),
-    }
     // The hostPath only has to look real; nothing reads it. It lives where kcm runs (here).
-    let kubeconfig = kubeconfig_path();
-    let dir = hostpath_root(&kubeconfig).join(class);
-    let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    let mut names = Vec::with_capacity(n);
-    for i in first..first + n {
-        let name = format!("{class}-{i}");
-        let path = dir.join(&name);
-        let _ = std::fs::create_dir_all(&path);
-        let pv: PersistentVolume = from_json(json!({
-            "metadata": {"name": name, "labels": {CLASS_LABEL: class}},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "storageClassName": class,
-                "persistentVolumeReclaimPolicy": reclaim.as_str(),
-                "volumeMode": "Filesystem",
-                "hostPath": {"path": path.to_string_lossy(), "type": ""},
-            }
-        }));
-        pvs.create(&PostParams::default(), &pv)
-            .await
-            .unwrap_or_else(|e| panic!("e2e: cannot create PersistentVolume {name}: {e}"));
-        names.push(name);
-    }
-    names
+    create_pvs(client, class, None, first..first + n, reclaim).await
 }
 
 /// Creates StorageClass `class` (no provisioner, `WaitForFirstConsumer`) unless it exists, and `n`
@@ -582,12 +546,30 @@ pub async fn create_static_pvs_from(
 /// and mounted by the real node's kubelet. Both carry the label `scaledown.e2e/static-pv-class=<class>`.
 /// Returns the PV names. Prefer [`TestNamespace::create_real_pvs`], which also deletes them.
 pub async fn create_real_pvs(client: &Client, class: &str, n: usize) -> Vec<String> {
+    create_pvs(client, class, Some(REAL_NODE), 0..n, Reclaim::Retain).await
+}
+
+/// StorageClass `class` (unless it exists) and the hostPath PVs `<class>-<i>` for `numbers`, in
+/// `<hostpath root>/<class>/<pv>`. With `node`, the PVs are for that node's kubelet: their directories
+/// must exist, they carry a required node affinity, and the class binds on first consumer (where the
+/// pod was scheduled); without, only the binder sees them and the class binds at once.
+async fn create_pvs(
+    client: &Client,
+    class: &str,
+    node: Option<&str>,
+    numbers: std::ops::Range<usize>,
+    reclaim: Reclaim,
+) -> Vec<String> {
+    let (binding, class_reclaim) = match node {
+        Some(_) => ("WaitForFirstConsumer", "Retain"),
+        None => ("Immediate", "Delete"),
+    };
     let classes: Api<StorageClass> = Api::all(client.clone());
     let sc: StorageClass = from_json(json!({
         "metadata": {"name": class, "labels": {CLASS_LABEL: class}},
         "provisioner": "kubernetes.io/no-provisioner",
-        "volumeBindingMode": "WaitForFirstConsumer",
-        "reclaimPolicy": "Retain",
+        "volumeBindingMode": binding,
+        "reclaimPolicy": class_reclaim,
     }));
     match classes.create(&PostParams::default(), &sc).await {
         Ok(_) => {}
@@ -596,25 +578,28 @@ pub async fn create_real_pvs(client: &Client, class: &str, n: usize) -> Vec<Stri
     }
     let dir = hostpath_root(&kubeconfig_path()).join(class);
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    let mut names = Vec::with_capacity(n);
-    for i in 0..n {
+    let mut names = Vec::with_capacity(numbers.len());
+    for i in numbers {
         let name = format!("{class}-{i}");
         let path = dir.join(&name);
-        std::fs::create_dir_all(&path)
-            .unwrap_or_else(|e| panic!("e2e: cannot create {}: {e}", path.display()));
-        let pv: PersistentVolume = from_json(json!({
-            "metadata": {"name": name, "labels": {CLASS_LABEL: class}},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "storageClassName": class,
-                "persistentVolumeReclaimPolicy": "Retain",
-                "volumeMode": "Filesystem",
-                "hostPath": {"path": path.to_string_lossy(), "type": "Directory"},
-                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [REAL_NODE]}]}]}},
-            }
-        }));
+        let made = std::fs::create_dir_all(&path);
+        let mut spec = json!({
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": class,
+            "persistentVolumeReclaimPolicy": reclaim.as_str(),
+            "volumeMode": "Filesystem",
+            "hostPath": {"path": path.to_string_lossy(), "type": ""},
+        });
+        if let Some(node) = node {
+            made.unwrap_or_else(|e| panic!("e2e: cannot create {}: {e}", path.display()));
+            spec["hostPath"]["type"] = json!("Directory");
+            spec["nodeAffinity"] = json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}});
+        }
+        let pv: PersistentVolume = from_json(
+            json!({"metadata": {"name": name, "labels": {CLASS_LABEL: class}}, "spec": spec}),
+        );
         pvs.create(&PostParams::default(), &pv)
             .await
             .unwrap_or_else(|e| panic!("e2e: cannot create PersistentVolume {name}: {e}"));
