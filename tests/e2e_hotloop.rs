@@ -411,19 +411,14 @@ async fn two_writers_create_one_cleanup_pod_per_ordinal() {
         let name = format!("web-{n}");
         let made = created(&pods, &name);
         total += made.len();
-        // KWOK finishes a pod's deletion by a DELETE by name: a second one that lands after the
-        // cleanup pod was created removes that (never-run) pod, and the controller creates it
-        // again (see support::kwok_pod_deletes).
-        let by_kwok = support::kwok_pod_deletes(&env.ns.name, &name).saturating_sub(1);
         lines.push(format!(
-            "{name}: {} cleanup pods {:?} ({by_kwok} extra KWOK deletes)",
+            "{name}: {} cleanup pods {:?}",
             made.len(),
             made.iter().map(|s| s.uid.clone()).collect::<Vec<_>>()
         ));
-        // A late KWOK delete may also land before the cleanup pod exists (404): at most one
-        // more pod per such delete, never one per writer.
+        // One pod, never one per writer.
         assert!(
-            (1..=1 + by_kwok).contains(&made.len()),
+            made.len() == 1,
             "one cleanup pod for {name} with two writers; {lines:?}\nEvents:\n{}",
             events.describe()
         );

@@ -20,8 +20,9 @@
 //! namespace through [`super::fixtures::Controller`] (their largest value; [`DEFAULT_ATTEMPTS`]
 //! when none was, e.g. a controller installed by Helm), plus [`SLACK`]. The slack covers the
 //! re-creates the README allows without a new attempt: a gated, never-run pod that
-//! kube-controller-manager's late delete by name or KWOK's delete by name (see
-//! [`super::kwok_pod_deletes`]) removed, and that the controller creates again. A hot loop (the
+//! kube-controller-manager's late delete by name removed, and that the controller creates again
+//! (KWOK is built to delete with a UID precondition, as a kubelet does, so its late deletes no
+//! longer remove a new pod). A hot loop (the
 //! same failure answered by a new pod, pass after pass) crosses it within seconds.
 //!
 //! **Opting out**, visibly in the test: `ns.allow_cleanup_creates(set, n, why)` (an explicit bound
