@@ -408,8 +408,9 @@ fn dashboard_and_alerts_use_only_exported_metrics() {
     assert_eq!(embedded, dashboard);
 }
 
-/// replicas > 1: leader election, a PodDisruptionBudget and anti-affinity; replicas = 1: none of
-/// them; no runAsUser unless asked.
+/// replicas > 1: leader election (with the Lease itself among the objects, where
+/// `leaderElection.*` puts it, and a Role without `create` on Leases), a PodDisruptionBudget and
+/// anti-affinity; replicas = 1: none of them; no runAsUser unless asked.
 #[test]
 fn replicas_shape_the_deployment() {
     let two = yaml_objects(&template("r", "ns", &json!({})));
@@ -419,6 +420,51 @@ fn replicas_shape_the_deployment() {
             .collect::<Vec<_>>()
     };
     assert!(kinds(&two).contains(&"PodDisruptionBudget".to_string()));
+    let lease_of = |objects: &[Value]| {
+        let leases: Vec<&Value> = objects.iter().filter(|o| o["kind"] == "Lease").collect();
+        assert!(leases.len() <= 1, "{leases:?}");
+        leases.first().map(|l| {
+            assert!(l.get("spec").is_none_or(Value::is_null), "{l}");
+            (
+                l["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                l["metadata"]["namespace"].as_str().map(String::from),
+            )
+        })
+    };
+    assert_eq!(
+        lease_of(&two),
+        Some((
+            "r-statefulset-scaledown-controller".to_string(),
+            Some("ns".to_string())
+        ))
+    );
+    let elsewhere = yaml_objects(&template(
+        "r",
+        "ns",
+        &json!({"leaderElection": {"id": "lease-x", "namespace": "lease-ns"}}),
+    ));
+    assert_eq!(
+        lease_of(&elsewhere),
+        Some(("lease-x".to_string(), Some("lease-ns".to_string())))
+    );
+    let lease_rules: Vec<&Value> = two
+        .iter()
+        .filter(|o| o["kind"] == "Role")
+        .flat_map(|o| o["rules"].as_array().into_iter().flatten())
+        .filter(|r| {
+            r["resources"]
+                .as_array()
+                .is_some_and(|x| x.contains(&json!("leases")))
+        })
+        .collect();
+    assert!(!lease_rules.is_empty());
+    assert!(
+        lease_rules.iter().all(|r| r["resourceNames"].is_array()
+            && !r["verbs"]
+                .as_array()
+                .is_some_and(|v| v.contains(&json!("create")))),
+        "the replicas may not create Leases: {lease_rules:?}"
+    );
     let dep = two
         .iter()
         .find(|o| o["kind"] == "Deployment")
@@ -435,6 +481,7 @@ fn replicas_shape_the_deployment() {
         &json!({"replicas": 1, "leaderElection": {"enabled": false}}),
     ));
     assert!(!kinds(&one).contains(&"PodDisruptionBudget".to_string()));
+    assert_eq!(lease_of(&one), None, "no Lease without leader election");
     assert!(
         one.iter().all(|o| !o["metadata"]["name"]
             .as_str()
@@ -601,7 +648,7 @@ async fn chart_namespace_scope_installs_and_its_rbac_suffices() {
     let left = cluster
         .kubectl(&[
             "get",
-            "deployment,serviceaccount,role,rolebinding",
+            "deployment,serviceaccount,role,rolebinding,lease",
             "-n",
             &a.name,
             "-o",

@@ -142,8 +142,8 @@ async fn per_namespace_manifest_applies_and_is_admitted() {
     let applied = kubectl_ok(kc, &["apply", "-n", &ns.name, "-f", &file]).await;
     assert_eq!(
         applied.lines().filter(|l| l.ends_with(" created")).count(),
-        8,
-        "8 objects created:\n{applied}"
+        9,
+        "9 objects created:\n{applied}"
     );
     wait_deployment_ready(&cluster, &ns.name).await;
     assert_reapply_changes_nothing(kc, &ns.name, &file).await;
@@ -189,8 +189,8 @@ async fn cluster_scoped_manifest_installs_and_its_rbac_suffices() {
     let applied = kubectl_ok(&kc, &["apply", "-f", &file]).await;
     assert_eq!(
         applied.lines().filter(|l| l.ends_with(" created")).count(),
-        8,
-        "8 objects created besides the namespace:\n{applied}"
+        9,
+        "9 objects created besides the namespace:\n{applied}"
     );
     assert_restricted_enforced(&cluster, INSTALL_NS).await;
     wait_deployment_ready(&cluster, INSTALL_NS).await;

@@ -16,8 +16,7 @@
 //! leader evicted): the standby alone must take over, and serves 1 -> 0. Uninstall as the README
 //! says (the template annotation off, the controller releases its finalizer, then `helm
 //! uninstall` or `kubectl delete -f`) leaves no finalizer, cleanup pod or controller pod behind,
-//! and no Lease where the install's namespace goes with it (per namespace the Lease stays: a known
-//! leftover, see that test). A controller container that restarts is reported (its previous log
+//! and no Lease (the install brings it and takes it away). A controller container that restarts is reported (its previous log
 //! saved), not failed.
 //!
 //! Measured, printed and recorded (target/e2e-measurements.txt): controller pod created -> Ready,
@@ -956,15 +955,10 @@ async fn release_set(apps: &TestNamespace) {
     .await;
 }
 
-/// After the uninstall: no controller pod, no Lease, no cleanup pod, no finalizer on [`SET`].
-/// `lease_stays`: the install's namespace outlives the uninstall (per-namespace mode), and nothing
-/// deletes the Lease there (a known leftover, see the test); it must at least not be renewed.
-async fn assert_nothing_left(
-    cluster: &Cluster,
-    install: &Install,
-    apps: &TestNamespace,
-    lease_stays: bool,
-) {
+/// After the uninstall: no controller pod, no Lease, no cleanup pod, no finalizer on [`SET`]. The
+/// Lease is one of the install's objects (its Role has no `create`), so it goes with the uninstall
+/// in every mode, also where the install's namespace outlives it.
+async fn assert_nothing_left(cluster: &Cluster, install: &Install, apps: &TestNamespace) {
     let pods = install.pods(cluster);
     wait_for("the controller pods to be gone", SLOW, || async {
         pods.list(&ListParams::default().labels(&install.selector))
@@ -973,36 +967,12 @@ async fn assert_nothing_left(
     })
     .await;
     let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), &install.namespace);
-    let lease = leases.get_opt(&install.lease).await.expect("get the Lease");
-    match lease {
-        Some(lease) if lease_stays => {
-            eprintln!(
-                "e2e_incluster: {}: NOTE: Lease {}/{} left behind by the uninstall (holder {:?}, renewed {:?}); deleting it",
-                install.mode,
-                install.namespace,
-                install.lease,
-                holder(&lease),
-                lease.spec.as_ref().and_then(|s| s.renew_time.as_ref())
-            );
-            let renewed = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            let again = leases.get(&install.lease).await.expect("get the Lease");
-            assert_eq!(
-                renewed(&again),
-                renewed(&lease),
-                "the Lease is still renewed"
-            );
-            leases
-                .delete(&install.lease, &DeleteParams::default())
-                .await
-                .expect("delete the Lease");
-        }
-        Some(lease) => panic!(
-            "{}: Lease {}/{} left: {:?}",
-            install.mode, install.namespace, install.lease, lease.spec
-        ),
-        None => {}
-    }
+    wait_for(
+        &format!("Lease {}/{} to be gone", install.namespace, install.lease),
+        SLOW,
+        || async { matches!(leases.get_opt(&install.lease).await, Ok(None)) },
+    )
+    .await;
     let cleanup = apps
         .api::<Pod>()
         .list(&ListParams::default().labels("scaledown-pod"))
@@ -1110,7 +1080,7 @@ async fn helm_install_runs_on_the_real_node_and_fails_over() {
             "--timeout=180s",
         ])
         .await;
-    assert_nothing_left(&cluster, &install, &apps, false).await;
+    assert_nothing_left(&cluster, &install, &apps).await;
 }
 
 /// `kubectl apply -n NS -f artifacts/per-namespace.yaml` (its Deployment placed on the real node)
@@ -1157,7 +1127,7 @@ async fn per_namespace_manifest_runs_on_the_real_node_and_fails_over() {
     // does not own it; a stopping leader only releases it), and `kubectl delete -f` removes the
     // Lease's Role with the Deployment, so the stopping leader cannot even release it (its log:
     // "could not release the leader Lease ... forbidden").
-    assert_nothing_left(&cluster, &install, &apps, true).await;
+    assert_nothing_left(&cluster, &install, &apps).await;
 }
 
 /// `kubectl apply -f artifacts/cluster-scoped.yaml` (its Deployment placed on the real node; the
@@ -1196,5 +1166,5 @@ async fn cluster_scoped_manifest_runs_on_the_real_node_and_fails_over() {
         &["delete", "-f", &manifest, "--wait=true", "--timeout=180s"],
     )
     .await;
-    assert_nothing_left(&cluster, &install, &apps, false).await;
+    assert_nothing_left(&cluster, &install, &apps).await;
 }
