@@ -41,7 +41,7 @@ use crate::leader::{self, Leadership};
 use crate::metrics::Metrics;
 use crate::naming;
 use crate::releaser;
-use crate::restarting::WatchBackoff;
+use crate::resuming::WatchBackoff;
 use crate::scaledown::act::Actor;
 use crate::scaledown::reconcile::{Context, error_policy, reconcile};
 use crate::scaledown::watch::{self, PodCache, Stores};
@@ -342,7 +342,7 @@ fn podbound_context(
 const LIST_PAGE_SIZE: u32 = 100;
 
 /// The caches and the change streams the controller runs on. Every watch restores itself after an
-/// error (`restarting::restarting`), so none of these streams ever yields an error.
+/// error (`resuming::resuming`), so none of these streams ever yields an error.
 struct Watches {
     stores: Stores,
     sets: BoxStream<'static, watcher::Result<StatefulSet>>,
@@ -356,15 +356,15 @@ impl Watches {
         let all = watcher::Config::default().page_size(LIST_PAGE_SIZE);
         let cleanup = all.clone().labels(naming::CLEANUP_LABEL);
         let (sets, sets_writer) = reflector::store();
-        let sets_stream = restarting(
+        let sets_stream = resuming(
             "statefulsets",
             api(client, ns),
             all.clone(),
             watch::prune_set,
         );
-        let claims_stream = restarting("claims", api(client, ns), all.clone(), prune_claim);
-        let pods_stream = restarting("pods", api(client, ns), all, watch::prune_pod);
-        let cleanup_stream = restarting("cleanup pods", api(client, ns), cleanup, |p: &mut Pod| {
+        let claims_stream = resuming("claims", api(client, ns), all.clone(), prune_claim);
+        let pods_stream = resuming("pods", api(client, ns), all, watch::prune_pod);
+        let cleanup_stream = resuming("cleanup pods", api(client, ns), cleanup, |p: &mut Pod| {
             p.managed_fields_mut().clear()
         });
         let (claims, pods, cleanup_pods) =
@@ -402,7 +402,7 @@ impl Watches {
 }
 
 /// A watch of `api` that restores itself, its objects pruned by `prune` before they are cached.
-fn restarting<K>(
+fn resuming<K>(
     what: &'static str,
     api: Api<K>,
     config: watcher::Config,
@@ -411,7 +411,7 @@ fn restarting<K>(
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
-    crate::restarting::restarting(what, move || {
+    crate::resuming::resuming(what, move || {
         watcher(api.clone(), config.clone()).modify(prune)
     })
 }

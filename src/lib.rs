@@ -24,7 +24,7 @@ pub mod podbound;
 pub mod process;
 pub mod reason;
 pub mod releaser;
-pub mod restarting;
+pub mod resuming;
 pub mod scaledown;
 pub mod template;
 

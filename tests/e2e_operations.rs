@@ -12,6 +12,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use support::fixtures::*;
+use support::http_get;
 use support::{wait_for, wait_for_gone, wait_for_pod_phase};
 
 const LEASE_DURATION: Duration = Duration::from_secs(15);
@@ -32,25 +33,6 @@ async fn holder(leases: &Api<Lease>, name: &str) -> Option<String> {
         .spec?
         .holder_identity
         .filter(|h| !h.is_empty())
-}
-
-/// GET http://127.0.0.1:<port><path>: (status, body).
-async fn http_get(port: u16, path: &str) -> (u16, String) {
-    let out = tokio::process::Command::new("curl")
-        .args([
-            "-s",
-            "-o",
-            "-",
-            "-w",
-            "\n%{http_code}",
-            &format!("http://127.0.0.1:{port}{path}"),
-        ])
-        .output()
-        .await
-        .expect("run curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
 /// The value of an unlabelled sample, or the sum over the samples of a labelled family.

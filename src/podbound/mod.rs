@@ -27,7 +27,7 @@ use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::restarting::{WatchBackoff, restarting};
+use crate::resuming::{WatchBackoff, resuming};
 use observe::{BOUND_TO_POD_ANNOTATION, claims_of};
 use reconcile::{Context, error_policy, reconcile};
 
@@ -56,7 +56,7 @@ pub fn controller(
     };
     let (store, writer) = reflector::store::<Claim>();
     let cached = store.clone();
-    let claims = restarting("bound claims", move || {
+    let claims = resuming("bound claims", move || {
         watcher(
             api.clone(),
             watcher::Config::default().page_size(LIST_PAGE_SIZE),
@@ -67,7 +67,7 @@ pub fn controller(
     });
     let changes = reflector::reflector(writer, claims).applied_objects();
     // Pods are not cached: each change is mapped to the claims it should wake and dropped.
-    let pods = restarting("pods mounting bound claims", move || {
+    let pods = resuming("pods mounting bound claims", move || {
         watcher(
             pod_api.clone(),
             watcher::Config::default().page_size(LIST_PAGE_SIZE),

@@ -27,7 +27,7 @@ use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::restarting::{WatchBackoff, restarting};
+use crate::resuming::{WatchBackoff, resuming};
 use observe::{CONTROLLER_ID_ANNOTATION, SCRUB_PV_LABEL};
 use reconcile::{Context, error_policy, reconcile};
 
@@ -49,7 +49,7 @@ impl Watches {
             Some(ns) => {
                 let api: Api<Pod> = Api::namespaced(client.clone(), ns);
                 let selector = watcher::Config::default().labels(&format!("{SCRUB_PV_LABEL}=true"));
-                let stream = restarting("scrub pods", move || {
+                let stream = resuming("scrub pods", move || {
                     watcher(api.clone(), selector.clone())
                         .modify(|p: &mut Pod| p.managed_fields_mut().clear())
                 });
@@ -63,11 +63,11 @@ impl Watches {
         let (classes, class_writer) = reflector::store();
         let pv_api: Api<PersistentVolume> = Api::all(client.clone());
         let class_api: Api<StorageClass> = Api::all(client.clone());
-        let pv_stream = restarting("persistentvolumes", move || {
+        let pv_stream = resuming("persistentvolumes", move || {
             watcher(pv_api.clone(), watcher::Config::default())
                 .modify(|pv: &mut PersistentVolume| pv.managed_fields_mut().clear())
         });
-        let class_stream = restarting("storageclasses", move || {
+        let class_stream = resuming("storageclasses", move || {
             watcher(class_api.clone(), watcher::Config::default())
                 .modify(|c: &mut StorageClass| c.managed_fields_mut().clear())
         });

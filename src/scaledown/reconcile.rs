@@ -39,8 +39,8 @@ const CREATED_GRACE: Duration = Duration::from_secs(5);
 const ERROR_BACKOFF_BASE: Duration = Duration::from_secs(1);
 const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// Cap of that backoff for transport errors (the API server could not be reached): they say nothing
-/// about the set, so it is tried again soon after the API server is back. The relist that follows
-/// an outage also looks at every set at once (see `crate::restarting`).
+/// about the set, so it is tried again soon after the API server is back. The changes an outage hid
+/// arrive as watch events when the watches resume (see `crate::resuming`).
 const TRANSPORT_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How long the creates of one cleanup pod name are remembered for [`recreate_delay`].
 const RECREATE_WINDOW: Duration = Duration::from_secs(600);

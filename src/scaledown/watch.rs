@@ -5,9 +5,9 @@
 //! `scaledown-pod`) in full, for their failure details. Claims and pods live in [`Index`]es, so
 //! that one pass gathers what its set has ([`Stores::slice`]) without copying whole caches.
 //!
-//! Every watch runs under [`crate::restarting`]: after an error it waits a short, capped backoff
-//! (none after 410 Gone) and starts over with a full list, so the controller is back within seconds
-//! of the API server, and the relist looks at every StatefulSet again.
+//! Every watch runs under [`crate::resuming`]: after an error it waits a short, capped backoff and
+//! goes on from its last resourceVersion (lists again only after 410 Gone, then at once), so the
+//! controller is back within seconds of the API server, and the changes it missed arrive as events.
 
 use std::sync::Arc;
 

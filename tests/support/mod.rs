@@ -812,3 +812,22 @@ pub fn proc_status_kb(pid: u32, field: &str) -> Option<u64> {
         .find(|l| l.starts_with(&format!("{field}:")))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
+
+/// `GET http://127.0.0.1:<port><path>` with curl: the status (0 when nothing answered) and body.
+pub async fn http_get(port: u16, path: &str) -> (u16, String) {
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}",
+            &format!("http://127.0.0.1:{port}{path}"),
+        ])
+        .output()
+        .await
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}

@@ -19,7 +19,7 @@ use kube::runtime::watcher::{self, Event as WatchEvent};
 use kube::runtime::{WatchStreamExt, watcher::Config};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use statefulset_scaledown_controller::restarting::WatchBackoff;
+use statefulset_scaledown_controller::resuming::WatchBackoff;
 
 const POLL: Duration = Duration::from_millis(50);
 

@@ -1,6 +1,8 @@
-//! Watches that restore themselves, shared by every controller of the process: after an error a
-//! watch waits a short, capped backoff (none after 410 Gone) and starts over with a full list, so a
-//! controller is back within seconds of the API server.
+//! Watches that resume, shared by every controller of the process. After an error a watch waits a
+//! short, capped, jittered backoff and carries on from the last resourceVersion it saw (kube-runtime's
+//! watcher keeps it), so a broken connection costs one new WATCH request, not a LIST of every
+//! object. Only 410 Gone (that version is no longer served) makes the watcher list again, at once.
+//! A controller is back within seconds of the API server either way.
 
 use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
@@ -67,12 +69,13 @@ pub fn is_gone(err: &watcher::Error) -> bool {
     }
 }
 
-/// A watch that restores itself. `start` makes a fresh kube watcher (which begins with a full
-/// list). After an error the watch is started anew: at once after 410 Gone, else after
-/// [`WatchBackoff`] (reset by the first object or list the new watch delivers). Errors are logged
-/// here (a warning for the first of a series) and never passed on, so kube's Controller never adds
-/// its own, much longer, backoff on top.
-pub fn restarting<K, S, F>(
+/// A watch that resumes after errors. `start` makes a kube watcher (which begins with a full
+/// list); it is polled again after an error, so it goes on from its last resourceVersion, or lists
+/// again where the error was 410 Gone. The next poll comes at once after 410, else after
+/// [`WatchBackoff`] (reset by the first object or list the watch delivers). Errors are logged here
+/// (a warning for the first of a series) and never passed on, so kube's Controller never adds its
+/// own, much longer, backoff on top. Should a watcher ever end, `start` makes a new one.
+pub fn resuming<K, S, F>(
     what: &'static str,
     start: F,
 ) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send
@@ -110,8 +113,10 @@ where
                     let gone = is_gone(&e);
                     if st.failing {
                         debug!(watch = what, error = %e, "watch still failing");
+                    } else if gone {
+                        warn!(watch = what, error = %e, "watch expired (410 Gone); listing again");
                     } else {
-                        warn!(watch = what, error = %e, "watch failed; restarting it with a new list");
+                        warn!(watch = what, error = %e, "watch failed; resuming it from its last resourceVersion");
                     }
                     st.failing = true;
                     if !gone {
@@ -120,9 +125,11 @@ where
                     }
                 }
                 // A kube watcher does not end; should one ever, start a new one.
-                None => debug!(watch = what, "watch ended; starting a new one"),
+                None => {
+                    debug!(watch = what, "watch ended; starting a new one");
+                    st.stream = Box::pin((st.start)());
+                }
             }
-            st.stream = Box::pin((st.start)());
         }
     })
 }
@@ -133,58 +140,82 @@ mod tests {
 
     use super::*;
 
-    fn script(start: usize) -> Vec<watcher::Result<watcher::Event<u32>>> {
-        let gone = kube::core::Status {
-            code: code::GONE,
+    fn status(code: u16) -> kube::core::Status {
+        kube::core::Status {
+            code,
             ..Default::default()
-        };
-        match start {
-            0 => vec![Err(watcher::Error::WatchError(Box::new(gone)))],
-            1 => vec![
-                Ok(watcher::Event::Init),
-                Err(watcher::Error::NoResourceVersion),
-            ],
-            2 => vec![Err(watcher::Error::NoResourceVersion)],
-            _ => vec![
-                Ok(watcher::Event::Init),
-                Ok(watcher::Event::InitApply(7)),
-                Ok(watcher::Event::InitDone),
-            ],
         }
     }
 
+    /// What one watcher delivers: a failure, an object, 410 Gone, the relist.
+    fn script() -> Vec<watcher::Result<watcher::Event<u32>>> {
+        let refused = kube::Error::Api(Box::new(status(503)));
+        vec![
+            Ok(watcher::Event::Init),
+            Err(watcher::Error::WatchFailed(refused)),
+            Ok(watcher::Event::Apply(1)),
+            Err(watcher::Error::WatchError(Box::new(status(code::GONE)))),
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(2)),
+            Ok(watcher::Event::InitDone),
+        ]
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn a_failed_watch_starts_again_at_once_after_410_else_after_a_short_wait() {
+    async fn a_failed_watch_is_polled_again_after_a_short_wait_and_at_once_after_410() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let starts = Arc::new(AtomicUsize::new(0));
         let counted = starts.clone();
-        let stream = restarting("test", move || {
-            let start = counted.fetch_add(1, Ordering::SeqCst);
-            futures::stream::iter(script(start)).chain(futures::stream::pending())
+        let stream = resuming("test", move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            futures::stream::iter(script()).chain(futures::stream::pending())
         });
         tokio::pin!(stream);
         let t0 = tokio::time::Instant::now();
         let mut seen = Vec::new();
-        while seen.len() < 4 {
+        while seen.len() < 5 {
             let event = stream.next().await.expect("the stream never ends");
             let event = event.expect("errors are not passed on");
             let kind = match event {
                 watcher::Event::Init => "init".to_string(),
-                watcher::Event::InitApply(n) => format!("apply {n}"),
+                watcher::Event::Apply(n) => format!("apply {n}"),
+                watcher::Event::InitApply(n) => format!("init apply {n}"),
                 watcher::Event::InitDone => "done".to_string(),
                 _ => "other".to_string(),
             };
             seen.push((kind, t0.elapsed()));
         }
-        // 410: started again at once; then two waits, 250 ms and 500 ms, each cut by up to a quarter.
-        assert_eq!(seen[0], ("init".to_string(), Duration::ZERO), "{seen:?}");
-        let relisted = seen[2].1;
-        assert_eq!(seen[2].0, "apply 7");
+        let kinds: Vec<&str> = seen.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(kinds, ["init", "apply 1", "init", "init apply 2", "done"]);
+        // After the 503: one wait of 250 ms, cut by up to a quarter; after 410 none.
+        let resumed = seen[1].1;
         assert!(
-            relisted >= Duration::from_micros(562_500) && relisted <= Duration::from_millis(750),
+            resumed >= Duration::from_micros(187_500) && resumed <= Duration::from_millis(250),
             "{seen:?}"
         );
-        assert_eq!(starts.load(Ordering::SeqCst), 4);
+        assert_eq!(seen[4].1, resumed, "{seen:?}");
+        // The same watcher went on: it was never started again.
+        assert_eq!(starts.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watcher_that_ends_is_started_again() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let starts = Arc::new(AtomicUsize::new(0));
+        let counted = starts.clone();
+        let stream = resuming("test", move || {
+            let n = counted.fetch_add(1, Ordering::SeqCst) as u32;
+            futures::stream::iter([Ok(watcher::Event::Apply(n))])
+        });
+        let first: Vec<u32> = stream
+            .take(3)
+            .map(|e| match e {
+                Ok(watcher::Event::Apply(n)) => n,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+            .await;
+        assert_eq!(first, [0, 1, 2]);
     }
 
     #[test]
@@ -202,10 +233,6 @@ mod tests {
 
     #[test]
     fn gone_is_recognised_in_every_form() {
-        let status = |code| kube::core::Status {
-            code,
-            ..Default::default()
-        };
         let api = |code| kube::Error::Api(Box::new(status(code)));
         assert!(is_gone(&watcher::Error::WatchError(Box::new(status(410)))));
         assert!(is_gone(&watcher::Error::InitialListFailed(api(410))));
