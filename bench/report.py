@@ -476,7 +476,7 @@ def markdown(runs):
         "",
         "`make bench` runs every scenario on the local control plane (`hack/cluster.sh`) and rewrites this page "
         "and its plots; `make bench SCENARIO=sets500` runs one. What is measured and how: "
-        "[README, Benchmarks](README.md#benchmarks) and `tests/bench.rs`. Latencies are measured per orphaned ordinal "
+        "[Development, Benchmarks](docs/development.md#benchmarks) and `tests/bench.rs`. Latencies are measured per orphaned ordinal "
         "from watch events (arrival times at the bench's own watches); the controller's cleanup pods run "
         "`cleanup-seconds` under KWOK, so \"pod gone → claim gone\" includes that run time for the controller and "
         "not for the native baseline (`persistentVolumeClaimRetentionPolicy.whenScaled: Delete`, no controller).",

@@ -1,4 +1,5 @@
-//! The one place that wires watches, the controller, HTTP and shutdown together.
+//! Wiring: the scale-down controller's watches and controller, the companions (their watches
+//! are set up in `releaser` and `podbound`), HTTP, election and shutdown.
 //!
 //! [`start`] is the process after flag parsing: signals, client, [`run`]. `run` reads as its steps:
 //! settings from the flags, the watches, HTTP, the reconcile context, the controller (with or

@@ -47,7 +47,8 @@ pub struct Args {
     #[arg(long, env = "POD_NAME", hide = true)]
     pub pod_name: Option<String>,
 
-    /// Log and report (as Events) what would be done, and write nothing else.
+    /// Log what would be done, and write nothing else; the scale-down controller also reports it
+    /// as Events `DryRun` on the StatefulSet (the companions only log it).
     #[arg(long)]
     pub dry_run: bool,
 
@@ -138,7 +139,7 @@ pub struct Args {
     #[arg(long, default_value = "0.0.0.0:8081")]
     pub health_probe_bind_address: String,
 
-    /// Log format.
+    /// Log format on stderr; text has colours only on a terminal and without NO_COLOR.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
@@ -299,5 +300,60 @@ mod tests {
             "{text}"
         );
         assert!(!env!("SCALEDOWN_GIT_COMMIT").is_empty());
+    }
+
+    /// The flags table of docs/reference.md: one row per flag of `--help`, from clap's model of
+    /// the flags (name, value, default, environment variable, help text).
+    #[test]
+    fn the_flags_table_is_generated_from_the_flags() {
+        use clap::CommandFactory;
+        let mut command = Args::command();
+        command.build();
+        let mut table =
+            String::from("| Flag | Default | Environment | Meaning |\n|---|---|---|---|\n");
+        for arg in command.get_arguments().filter(|a| !a.is_hide_set()) {
+            let long = arg.get_long().expect("every flag has a long name");
+            let mut flag = match arg.get_short() {
+                Some(short) => format!("-{short}, --{long}"),
+                None => format!("--{long}"),
+            };
+            let takes_value = arg.get_action().takes_values();
+            // A value name of its own (`ID`), not the one clap derives from the field's name.
+            let named = arg
+                .get_value_names()
+                .and_then(|v| v.first())
+                .filter(|v| v.as_str() != arg.get_id().as_str().to_uppercase());
+            if let Some(value) = named.filter(|_| takes_value) {
+                flag.push_str(&format!(" {value}"));
+            }
+            let default = match arg.get_default_values().first() {
+                Some(v) if takes_value => format!("`{}`", v.to_string_lossy()),
+                _ if matches!(arg.get_action(), clap::ArgAction::SetTrue) => "off".to_string(),
+                _ => "–".to_string(),
+            };
+            let env = arg
+                .get_env()
+                .map_or("–".to_string(), |e| format!("`{}`", e.to_string_lossy()));
+            let mut help = arg
+                .get_long_help()
+                .or(arg.get_help())
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            let values: Vec<String> = arg
+                .get_possible_values()
+                .iter()
+                .filter(|_| takes_value)
+                .map(|v| format!("`{}`", v.get_name()))
+                .collect();
+            if !values.is_empty() {
+                if !help.ends_with('.') {
+                    help.push('.');
+                }
+                help.push_str(&format!(" One of {}.", values.join(", ")));
+            }
+            let help = crate::docs::cell(&help);
+            table.push_str(&format!("| `{flag}` | {default} | {env} | {help} |\n"));
+        }
+        crate::docs::check_generated("flags", &table);
     }
 }

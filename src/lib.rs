@@ -29,4 +29,6 @@ pub mod scaledown;
 pub mod template;
 
 #[cfg(test)]
+mod docs;
+#[cfg(test)]
 mod mock_api;

@@ -182,8 +182,8 @@ mod tests {
                 "{family} missing:\n{text}"
             );
         }
-        let readme = include_str!("../README.md");
-        let documented: Vec<&str> = readme
+        let reference = include_str!("../docs/reference.md");
+        let documented: Vec<&str> = reference
             .lines()
             .filter(|l| l.starts_with("| `process_"))
             .filter_map(|l| l.split('`').nth(1))
@@ -203,6 +203,9 @@ mod tests {
                 }
             })
             .collect();
-        assert_eq!(documented, exported, "README process metrics vs /metrics");
+        assert_eq!(
+            documented, exported,
+            "docs/reference.md process metrics vs /metrics"
+        );
     }
 }

@@ -138,6 +138,99 @@ impl Reason {
         }
     }
 
+    /// When the reason is reported: the "When" column of the Event table in docs/reference.md
+    /// (generated from this, see `tests::the_event_table_is_generated_from_the_code`).
+    pub const fn description(self) -> &'static str {
+        match self {
+            Reason::SuccessfulCreate => "a cleanup pod was created, confirmed and released to run",
+            Reason::CleanupSuccess => {
+                "a cleanup pod succeeded; its claims and the pod are deleted next"
+            }
+            Reason::SuccessfulDelete => {
+                "a claim or a cleanup pod was deleted (or a stateful pod on background deletion)"
+            }
+            Reason::CleanupRetry => "a failed cleanup pod was deleted for the next attempt",
+            Reason::CleanupCancelled => {
+                "a cleanup pod was created but its ordinal was wanted again (or the set changed); it never ran and was deleted"
+            }
+            Reason::OrphanDeletion => "the set was deleted with orphan propagation",
+            Reason::DryRun => {
+                "`--dry-run`: on a StatefulSet, what the scale-down controller would have written (the companions only log it)"
+            }
+            Reason::Released => {
+                "on a PersistentVolume (Events of cluster objects go to namespace `default`): the PV releaser made it Available again (plumber-cd's reason)"
+            }
+            Reason::Scrubbed => {
+                "on a PersistentVolume: its scrub pod succeeded; it is released next"
+            }
+            Reason::BoundToPod => {
+                "on a claim: it now has an ownerReference to its pod's UID and goes with that pod"
+            }
+            Reason::DeletedWithPod => {
+                "on a claim: its pod was gone before it could be bound, and the grace is over; deleted"
+            }
+            Reason::ScaledUpDuringCleanup => {
+                "the ordinal was scaled up while its cleanup ran; the claims are kept"
+            }
+            Reason::CleanupFailed => {
+                "a cleanup pod failed, or the kubelet restarted its failed container (`restartPolicy: OnFailure`) (reason, exit code, what happens next)"
+            }
+            Reason::CleanupGaveUp => {
+                "the last attempt failed (the pod stays), or the API server refused the pod `--cleanup-attempts` times"
+            }
+            Reason::CleanupTemplateInvalid => "the annotation is not JSON/YAML, or not a pod",
+            Reason::CleanupTemplateTooLarge => {
+                "the template or the pod rendered from it exceeds a size or parser budget (the limit is named)"
+            }
+            Reason::CleanupTemplateRestartPolicy => "`restartPolicy: Always`",
+            Reason::CleanupTemplateSelectorOverlap => {
+                "the pod's labels match the set's selector (the StatefulSet controller would adopt it)"
+            }
+            Reason::CleanupTemplateVolumeClash => {
+                "a template volume has a claim template's name but is not a claim volume"
+            }
+            Reason::CleanupTemplateForbiddenField => {
+                "`metadata.ownerReferences` or `metadata.finalizers` in the template"
+            }
+            Reason::CleanupPodRejected => {
+                "the API server refused the rendered pod: admission, quota, validation, size (code and message included)"
+            }
+            Reason::CleanupPodStuck => {
+                "a cleanup pod is still Pending after `--cleanup-pending-timeout`"
+            }
+            Reason::ClaimMissing => {
+                "a claim of the ordinal does not exist; an `emptyDir` stands in"
+            }
+            Reason::ClaimInUse => {
+                "a claim due for deletion (of a finished cleanup, or bound to a pod that is gone) is mounted by another pod; it is deleted once that pod is gone"
+            }
+            Reason::ClaimOwnershipConflict => {
+                "the claim also belongs to another StatefulSet that uses it"
+            }
+            Reason::ForeignPod => {
+                "a pod named `S-N` is neither the set's nor ours; the ordinal waits"
+            }
+            Reason::UnprovenCleanupPod => {
+                "a pod looks like a cleanup pod but is not in the controller's record; it never causes a deletion"
+            }
+            Reason::RetentionPolicyConflict => {
+                "`whenScaled`/`whenDeleted: Delete`; Kubernetes deletes the claims"
+            }
+            Reason::ReleaseFailed => {
+                "on a PersistentVolume: the release failed (plumber-cd's reason); retried after 10 s"
+            }
+            Reason::PodBindingRefused => {
+                "on a claim: it names a StatefulSet's pod, belongs to a StatefulSet, or names no pod; nothing is written to the claim"
+            }
+            Reason::ScrubFailed => {
+                "on a PersistentVolume: its scrub failed (the pod failed, the template is invalid, or the API server refused the pod); it stays Released"
+            }
+            Reason::ReconcileFailed => {
+                "two or more passes over the set failed in a row; names the error category and the API server's answer; the set backs off (once per distinct answer)"
+            }
+        }
+    }
+
     /// Whether the Event is a Warning (something a human should look at).
     pub const fn is_warning(self) -> bool {
         !matches!(
@@ -178,17 +271,19 @@ mod tests {
         );
     }
 
+    /// The Event table of docs/reference.md is exactly one row per reason, in `ALL`'s order.
     #[test]
-    fn the_readme_event_table_lists_every_reason() {
-        let readme = include_str!("../README.md");
-        let missing: Vec<&str> = Reason::ALL
-            .iter()
-            .map(|r| r.as_str())
-            .filter(|name| !readme.contains(&format!("| `{name}` |")))
-            .collect();
-        assert!(
-            missing.is_empty(),
-            "not in the README's Event table: {missing:?}"
-        );
+    fn the_event_table_is_generated_from_the_code() {
+        let mut table = String::from("| Event reason | Type | When |\n|---|---|---|\n");
+        for reason in Reason::ALL {
+            let kind = if reason.is_warning() {
+                "Warning"
+            } else {
+                "Normal"
+            };
+            let when = crate::docs::cell(reason.description());
+            table.push_str(&format!("| `{reason}` | {kind} | {when} |\n"));
+        }
+        crate::docs::check_generated("events", &table);
     }
 }

@@ -130,10 +130,11 @@ fn camel_case(flag: &str) -> String {
     out
 }
 
-/// Metric names of the README's metrics table, with their types.
+/// Metric names of the metrics table in docs/reference.md, with their types.
 fn documented_metrics() -> Vec<(String, String)> {
-    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README");
-    readme
+    let reference =
+        std::fs::read_to_string(repo().join("docs/reference.md")).expect("docs/reference.md");
+    reference
         .lines()
         .filter(|l| l.starts_with("| `scaledown_") || l.starts_with("| `process_"))
         .filter_map(|l| {
@@ -152,7 +153,7 @@ fn metrics_in(expr: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// `name` is exported: in the README table, or a histogram's `_bucket`/`_sum`/`_count`.
+/// `name` is exported: in the docs/reference.md table, or a histogram's `_bucket`/`_sum`/`_count`.
 fn is_exported(name: &str, documented: &[(String, String)]) -> bool {
     documented.iter().any(|(n, kind)| {
         n == name
@@ -329,7 +330,7 @@ fn chart_image_and_versions_match_the_crate_and_the_makefile() {
 }
 
 /// The dashboard is valid JSON with unique panel ids, every query uses only metrics of the
-/// README's table, and it shows what an operator looks for; the alerts use only exported
+/// table in docs/reference.md, and it shows what an operator looks for; the alerts use only exported
 /// metrics too.
 #[test]
 fn dashboard_and_alerts_use_only_exported_metrics() {

@@ -389,21 +389,21 @@ fn render_refuses_a_pod_over_the_cap() {
     assert!(err.to_string().contains("rendered cleanup pod"), "{err}");
 }
 
-/// The README's "Template limits" table shows the limits the code enforces.
+/// The "Template limits" table of docs/usage.md shows the limits the code enforces.
 #[test]
-fn readme_template_limits_match_the_code() {
-    let readme = include_str!("../../README.md");
-    let section = readme
+fn documented_template_limits_match_the_code() {
+    let usage = include_str!("../../docs/usage.md");
+    let section = usage
         .split("### Template limits")
         .nth(1)
         .and_then(|s| s.split("\n## ").next())
-        .expect("README section Template limits");
+        .expect("docs/usage.md section Template limits");
     let value = |limit: &str| -> String {
         section
             .lines()
             .find(|l| l.starts_with(&format!("| {limit} |")))
             .and_then(|l| l.split('|').nth(2))
-            .unwrap_or_else(|| panic!("README Template limits: no row {limit}"))
+            .unwrap_or_else(|| panic!("docs/usage.md Template limits: no row {limit}"))
             .trim()
             .to_string()
     };
