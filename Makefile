@@ -1,4 +1,4 @@
-# Every target a developer or CI needs. `make test` is the one test command (README, .ci/run).
+# Every target a developer or CI needs. `make test` is the one test command (README.md, .ci/run).
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Local test control plane: etcd + kube-apiserver + kube-controller-manager + kube-scheduler + KWOK,
-# all on 127.0.0.1, with three fake nodes and a default StorageClass. See the README, "Local test cluster".
+# all on 127.0.0.1, with three fake nodes and a default StorageClass. See docs/development/test-cluster.md.
 #
 #   hack/cluster.sh up       start it (returns at once if it already runs)
 #   hack/cluster.sh down     stop every process it started and remove its state

@@ -1,4 +1,4 @@
-//! End-to-end tests of the README's "No hot loop" and "One writer at a time, even with two"
+//! End-to-end tests of docs/usage.md's "No hot loop" and "One writer at a time, even with two"
 //! (section "Safety contract").
 //!
 //! 1. A persistent record failure: a ValidatingAdmissionPolicy refuses every update of one
@@ -267,7 +267,7 @@ async fn persistent_record_failure(test: &str, reason: &str) {
         "the controller never created a cleanup pod for refused-1: {report}"
     );
 
-    // The contract (README, "No hot loop"), every part checked and reported together.
+    // The contract (docs/usage.md, "No hot loop"), every part checked and reported together.
     let mut broken: Vec<String> = Vec::new();
     if creates.len() > CREATES_BOUND {
         broken.push(format!(

@@ -13,7 +13,7 @@
 //! with Events only from Lease holders. Failover: the leading pod is deleted; the Lease moves (to
 //! the standby or, usually first, to the Deployment's replacement pod) and the next scale-down
 //! (2 -> 1) is served by another pod. With Helm also a drain of the leader's node (cordoned, the
-//! leader evicted): the standby alone must take over, and serves 1 -> 0. Uninstall as the README
+//! leader evicted): the standby alone must take over, and serves 1 -> 0. Uninstall as docs/operations.md
 //! says (the template annotation off, the controller releases its finalizer, then `helm
 //! uninstall` or `kubectl delete -f`) leaves no finalizer, cleanup pod or controller pod behind,
 //! and no Lease (the install brings it and takes it away). A controller container that restarts is reported (its previous log
@@ -936,7 +936,7 @@ fn uncordon(kubeconfig: &std::path::Path) {
         .output();
 }
 
-/// README "Uninstall", first step: the template annotation off [`SET`]; the running controller
+/// docs/operations.md "Uninstall", first step: the template annotation off [`SET`]; the running controller
 /// then releases its finalizer.
 async fn release_set(apps: &TestNamespace) {
     let sets: Api<StatefulSet> = apps.api();

@@ -41,7 +41,7 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 const FILES_PER_SHARD: usize = 3;
 /// Every test's StatefulSet.
 const SET: &str = "shard";
-/// Attempt number of a cleanup pod (README, "Failure").
+/// Attempt number of a cleanup pod (docs/usage.md, "Failure").
 const ATTEMPT: &str = "statefulsets.kubernetes.io/scaledown-attempt";
 /// Shell function for the pods' scripts: seconds since boot, host-wide (see [`host_uptime`]).
 const NOW_FN: &str = "now() { read -r t _ </proc/uptime; echo $t; }; ";
@@ -856,7 +856,7 @@ fn last_state(env: &RealEnv, uid: &str) -> Pod {
 /// the controller counts on: attempt 1's container `finishedAt` -> attempt 2's `creationTimestamp`.
 /// On the host's clock (the script's exit -> the retry's delete of attempt 1, and -> the start of
 /// attempt 2's script) it may be up to 1 s shorter: those API times are whole seconds (truncated),
-/// and the controller counts from the latest of them (README, "Failure").
+/// and the controller counts from the latest of them (docs/usage.md, "Failure").
 fn assert_backoff(env: &RealEnv, dir: &Path, uids: &[String], pods: &[Pod], backoff: Duration) {
     let log = std::fs::read_to_string(dir.join("attempts.log")).expect("attempts.log");
     let times = |what: &str| -> Vec<f64> {

@@ -1,4 +1,4 @@
-//! Property test of the record patch against the real API server (README, "Safety contract"): the
+//! Property test of the record patch against the real API server (docs/usage.md, "Safety contract"): the
 //! `test` ops of [`record_ops`], encoded by [`apijson`], must apply when the StatefulSet is
 //! unchanged and must be refused when its template annotation changed, for any text a user can put
 //! in that annotation.

@@ -474,7 +474,7 @@ impl Drop for ReservedPvs {
 
 // === example/statefulset.yaml, unchanged ===
 
-/// The README's walk-through on the shipped example, applied as `kubectl create -f` applies it:
+/// The walk-through of the README's example, applied as `kubectl create -f` applies it:
 /// three pods, scale to 2, exactly one cleanup pod `datastore-2` that succeeds (after the example's
 /// 10 s), then claim `data-datastore-2` and the cleanup pod are deleted; claims 0 and 1 stay.
 #[tokio::test(flavor = "multi_thread")]

@@ -7,7 +7,7 @@
 //!   is made by hand as its source makes it: its finalizer on the set and a running cleanup pod with
 //!   its label and owner annotation and no record. The new controller reports that pod, never
 //!   deletes a claim because of it, and cleans the ordinal with its own pod once the old one is
-//!   deleted, as the README's upgrade section says.
+//!   deleted, as docs/operations.md's upgrade section says.
 
 mod support;
 
@@ -186,7 +186,7 @@ async fn upgrade_from_the_go_original_with_a_cleanup_in_flight() {
             .is_some_and(|p| p.uid() == go_pod.uid())
     );
 
-    // As the README says: delete the old pod; the new controller cleans the ordinal itself.
+    // As docs/operations.md says: delete the old pod; the new controller cleans the ordinal itself.
     env.pods()
         .delete("web-2", &DeleteParams::default())
         .await

@@ -168,7 +168,7 @@ impl World {
     }
 
     /// A failed cleanup pod stays on an ordinal that is wanted again: a user deletes it so the
-    /// set can bring the ordinal back (README, "Scale-up during a cleanup").
+    /// set can bring the ordinal back (docs/usage.md, "Scale-up during a cleanup").
     async fn release_failed_wanted(&self, snap: &Snapshot) {
         for pod in snap
             .pods

@@ -1,6 +1,6 @@
 //! Hot-loop detector: every test namespace ([`super::Cluster::namespace`]) records the cleanup pods
 //! created in it, and the namespace guard's `Drop` fails the test if one ordinal got more of them
-//! than the controller's attempts allow (README, "Safety contract", *No hot loop*).
+//! than the controller's attempts allow (docs/usage.md, "Safety contract", *No hot loop*).
 //!
 //! **What is counted.** Pods with the controller's cleanup label (`scaledown-pod`, the selector of
 //! the watch) whose `metadata.managedFields` name the controller's field manager
@@ -19,7 +19,7 @@
 //! **The bound** ([`bound_for`]): `--cleanup-attempts` of the controllers started for the
 //! namespace through [`super::fixtures::Controller`] (their largest value; [`DEFAULT_ATTEMPTS`]
 //! when none was, e.g. a controller installed by Helm), plus [`SLACK`]. The slack covers the
-//! re-creates the README allows without a new attempt: a gated, never-run pod that
+//! re-creates docs/usage.md allows without a new attempt: a gated, never-run pod that
 //! kube-controller-manager's late delete by name removed, and that the controller creates again
 //! (KWOK is built to delete with a UID precondition, as a kubelet does, so its late deletes no
 //! longer remove a new pod). A hot loop (the

@@ -5,7 +5,7 @@
 //! `make cluster-up`, or let `make e2e` / `hack/with-cluster.sh cargo test ...` start and stop it.
 //!
 //! Every test works in its own namespace ([`Cluster::namespace`]), so tests run in parallel. Pods
-//! never run containers: KWOK moves them through their phases, see the README ("Pod simulation contract") for the
+//! never run containers: KWOK moves them through their phases, see docs/development/test-cluster.md ("Pod simulation contract") for the
 //! labels and annotations that make a pod succeed, fail or keep running.
 
 // Each e2e test binary compiles this module on its own and uses only part of it.
