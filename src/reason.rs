@@ -1,159 +1,124 @@
 //! Every outcome the controller reports. One `Reason` drives the Event reason, its type (Normal or
 //! Warning), the `reason` label of `scaledown_events_total` and the `reason` field of log lines, so
 //! the three can never disagree and nothing matches on reason strings.
+//!
+//! The list below is the one place a reason is declared: its kind, its Event string and its doc.
+//! `reasons!` generates the enum, [`Reason::ALL`], [`Reason::as_str`] and [`Reason::kind`] from it,
+//! so a reason without a kind does not compile and `ALL` cannot miss one.
 
-/// One reportable outcome.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Reason {
-    // --- Normal ---
+/// The Event type of a reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// Progress: nothing for a human to do.
+    Normal,
+    /// Something a human should look at.
+    Warning,
+}
+
+/// Declares [`Reason`] from `Kind Variant = "EventString",` entries (each with its doc).
+macro_rules! reasons {
+    ($( $(#[$doc:meta])* $kind:ident $variant:ident = $name:literal, )+) => {
+        /// One reportable outcome.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Reason {
+            $( $(#[$doc])* $variant, )+
+        }
+
+        impl Reason {
+            /// Every reason in declaration order, for metric pre-registration and documentation
+            /// checks.
+            pub const ALL: [Reason; [$( Reason::$variant, )+].len()] = [$( Reason::$variant, )+];
+
+            /// The Event reason (and metric label, and log field).
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $( Reason::$variant => $name, )+
+                }
+            }
+
+            /// Normal or Warning.
+            pub const fn kind(self) -> Kind {
+                match self {
+                    $( Reason::$variant => Kind::$kind, )+
+                }
+            }
+        }
+    };
+}
+
+reasons! {
     /// A cleanup pod was created, confirmed and released to run.
-    SuccessfulCreate,
+    Normal SuccessfulCreate = "SuccessfulCreate",
     /// A cleanup pod succeeded; its claims and the pod are deleted next.
-    CleanupSuccess,
+    Normal CleanupSuccess = "CleanupSuccess",
     /// A claim or a cleanup pod was deleted (or a stateful pod on background deletion).
-    SuccessfulDelete,
+    Normal SuccessfulDelete = "SuccessfulDelete",
     /// A failed cleanup pod was deleted for the next attempt.
-    CleanupRetry,
+    Normal CleanupRetry = "CleanupRetry",
     /// A cleanup pod was created but the confirmation read showed its ordinal wanted (or the set
     /// changed); the pod, which never ran, was deleted again.
-    CleanupCancelled,
+    Normal CleanupCancelled = "CleanupCancelled",
     /// The set was deleted with orphan propagation.
-    OrphanDeletion,
+    Normal OrphanDeletion = "OrphanDeletion",
     /// `--dry-run`: what would have been written.
-    DryRun,
+    Normal DryRun = "DryRun",
     /// The PV releaser removed a PV's claimRef: the PV is Available again (plumber-cd's reason).
-    Released,
+    Normal Released = "Released",
     /// The scrub pod of a Released PV succeeded; the PV is released next.
-    Scrubbed,
+    Normal Scrubbed = "Scrubbed",
     /// A claim was bound to its pod's life (an ownerReference to the pod).
-    BoundToPod,
+    Normal BoundToPod = "BoundToPod",
     /// A claim bound to a pod that was gone before the binding was made was deleted.
-    DeletedWithPod,
-    // --- Warning ---
+    Normal DeletedWithPod = "DeletedWithPod",
     /// The ordinal was scaled up while its cleanup ran; the claims are kept.
-    ScaledUpDuringCleanup,
-    CleanupFailed,
-    CleanupGaveUp,
-    CleanupTemplateInvalid,
+    Warning ScaledUpDuringCleanup = "ScaledUpDuringCleanup",
+    /// A cleanup pod failed, or the kubelet restarted its failed container (the note: what next).
+    Warning CleanupFailed = "CleanupFailed",
+    /// The last attempt failed (the pod stays), or the API server refused the pod every attempt.
+    Warning CleanupGaveUp = "CleanupGaveUp",
+    /// The template annotation is not JSON or YAML, or not a pod.
+    Warning CleanupTemplateInvalid = "CleanupTemplateInvalid",
     /// The template or the pod rendered from it is over a size or parser budget.
-    CleanupTemplateTooLarge,
-    CleanupTemplateRestartPolicy,
-    CleanupTemplateSelectorOverlap,
-    CleanupTemplateVolumeClash,
-    CleanupTemplateForbiddenField,
+    Warning CleanupTemplateTooLarge = "CleanupTemplateTooLarge",
+    /// The template asks for `restartPolicy: Always`.
+    Warning CleanupTemplateRestartPolicy = "CleanupTemplateRestartPolicy",
+    /// The template's labels match the set's selector (the StatefulSet controller would adopt it).
+    Warning CleanupTemplateSelectorOverlap = "CleanupTemplateSelectorOverlap",
+    /// A template volume has a claim template's name but is not a claim volume.
+    Warning CleanupTemplateVolumeClash = "CleanupTemplateVolumeClash",
+    /// The template sets `metadata.ownerReferences` or `metadata.finalizers`.
+    Warning CleanupTemplateForbiddenField = "CleanupTemplateForbiddenField",
     /// The API server refused the cleanup pod (admission, quota, validation, size, server error).
-    CleanupPodRejected,
+    Warning CleanupPodRejected = "CleanupPodRejected",
     /// A cleanup pod has been Pending (unscheduled) past `--cleanup-pending-timeout`.
-    CleanupPodStuck,
-    ClaimMissing,
+    Warning CleanupPodStuck = "CleanupPodStuck",
+    /// A claim of the ordinal does not exist; an `emptyDir` stands in.
+    Warning ClaimMissing = "ClaimMissing",
     /// A claim of a finished cleanup is mounted by another pod; it is not deleted while so.
-    ClaimInUse,
-    ClaimOwnershipConflict,
-    ForeignPod,
+    Warning ClaimInUse = "ClaimInUse",
+    /// The claim also belongs to another StatefulSet that uses it.
+    Warning ClaimOwnershipConflict = "ClaimOwnershipConflict",
+    /// A pod named like the ordinal is neither the set's nor ours; the ordinal waits.
+    Warning ForeignPod = "ForeignPod",
     /// A pod looks like a cleanup pod (label, annotations) but this controller's record on the
     /// StatefulSet does not name its UID: it is never treated as a cleanup.
-    UnprovenCleanupPod,
-    RetentionPolicyConflict,
+    Warning UnprovenCleanupPod = "UnprovenCleanupPod",
+    /// The set asks Kubernetes to delete its claims (`whenScaled`/`whenDeleted: Delete`).
+    Warning RetentionPolicyConflict = "RetentionPolicyConflict",
     /// The PV releaser could not release a PV (plumber-cd's reason `ErrReleasePV`).
-    ReleaseFailed,
+    Warning ReleaseFailed = "ErrReleasePV",
     /// A claim asked to be bound to a pod it may not be bound to (a StatefulSet's pod or claim).
-    PodBindingRefused,
+    Warning PodBindingRefused = "PodBindingRefused",
     /// The scrub of a PV failed (or could not start): the PV stays Released.
-    ScrubFailed,
-    ReconcileFailed,
+    Warning ScrubFailed = "ErrScrubPV",
+    /// Passes over the set failed in a row; the set backs off.
+    Warning ReconcileFailed = "ReconcileFailed",
 }
 
 impl Reason {
-    /// Every reason, for metric pre-registration and documentation checks.
-    pub const ALL: [Reason; 32] = [
-        Reason::SuccessfulCreate,
-        Reason::CleanupSuccess,
-        Reason::SuccessfulDelete,
-        Reason::CleanupRetry,
-        Reason::CleanupCancelled,
-        Reason::OrphanDeletion,
-        Reason::DryRun,
-        Reason::Released,
-        Reason::Scrubbed,
-        Reason::BoundToPod,
-        Reason::DeletedWithPod,
-        Reason::ScaledUpDuringCleanup,
-        Reason::CleanupFailed,
-        Reason::CleanupGaveUp,
-        Reason::CleanupTemplateInvalid,
-        Reason::CleanupTemplateTooLarge,
-        Reason::CleanupTemplateRestartPolicy,
-        Reason::CleanupTemplateSelectorOverlap,
-        Reason::CleanupTemplateVolumeClash,
-        Reason::CleanupTemplateForbiddenField,
-        Reason::CleanupPodRejected,
-        Reason::CleanupPodStuck,
-        Reason::ClaimMissing,
-        Reason::ClaimInUse,
-        Reason::ClaimOwnershipConflict,
-        Reason::ForeignPod,
-        Reason::UnprovenCleanupPod,
-        Reason::RetentionPolicyConflict,
-        Reason::ReleaseFailed,
-        Reason::PodBindingRefused,
-        Reason::ScrubFailed,
-        Reason::ReconcileFailed,
-    ];
-
-    /// The Event reason (and metric label, and log field).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Reason::SuccessfulCreate => "SuccessfulCreate",
-            Reason::CleanupSuccess => "CleanupSuccess",
-            Reason::SuccessfulDelete => "SuccessfulDelete",
-            Reason::CleanupRetry => "CleanupRetry",
-            Reason::CleanupCancelled => "CleanupCancelled",
-            Reason::OrphanDeletion => "OrphanDeletion",
-            Reason::DryRun => "DryRun",
-            Reason::Released => "Released",
-            Reason::Scrubbed => "Scrubbed",
-            Reason::BoundToPod => "BoundToPod",
-            Reason::DeletedWithPod => "DeletedWithPod",
-            Reason::ScaledUpDuringCleanup => "ScaledUpDuringCleanup",
-            Reason::CleanupFailed => "CleanupFailed",
-            Reason::CleanupGaveUp => "CleanupGaveUp",
-            Reason::CleanupTemplateInvalid => "CleanupTemplateInvalid",
-            Reason::CleanupTemplateTooLarge => "CleanupTemplateTooLarge",
-            Reason::CleanupTemplateRestartPolicy => "CleanupTemplateRestartPolicy",
-            Reason::CleanupTemplateSelectorOverlap => "CleanupTemplateSelectorOverlap",
-            Reason::CleanupTemplateVolumeClash => "CleanupTemplateVolumeClash",
-            Reason::CleanupTemplateForbiddenField => "CleanupTemplateForbiddenField",
-            Reason::CleanupPodRejected => "CleanupPodRejected",
-            Reason::CleanupPodStuck => "CleanupPodStuck",
-            Reason::ClaimMissing => "ClaimMissing",
-            Reason::ClaimInUse => "ClaimInUse",
-            Reason::ClaimOwnershipConflict => "ClaimOwnershipConflict",
-            Reason::ForeignPod => "ForeignPod",
-            Reason::UnprovenCleanupPod => "UnprovenCleanupPod",
-            Reason::RetentionPolicyConflict => "RetentionPolicyConflict",
-            Reason::ReleaseFailed => "ErrReleasePV",
-            Reason::PodBindingRefused => "PodBindingRefused",
-            Reason::ScrubFailed => "ErrScrubPV",
-            Reason::ReconcileFailed => "ReconcileFailed",
-        }
-    }
-
     /// Whether the Event is a Warning (something a human should look at).
     pub const fn is_warning(self) -> bool {
-        !matches!(
-            self,
-            Reason::SuccessfulCreate
-                | Reason::CleanupSuccess
-                | Reason::SuccessfulDelete
-                | Reason::CleanupRetry
-                | Reason::CleanupCancelled
-                | Reason::OrphanDeletion
-                | Reason::DryRun
-                | Reason::Released
-                | Reason::Scrubbed
-                | Reason::BoundToPod
-                | Reason::DeletedWithPod
-        )
+        matches!(self.kind(), Kind::Warning)
     }
 }
 
@@ -165,16 +130,123 @@ impl std::fmt::Display for Reason {
 
 #[cfg(test)]
 mod tests {
+    use super::Kind::{Normal, Warning};
+    use super::Reason::*;
     use super::*;
 
+    /// Every reason, written out by hand in declaration order (not generated by `reasons!`).
+    const LISTED: [Reason; 32] = [
+        SuccessfulCreate,
+        CleanupSuccess,
+        SuccessfulDelete,
+        CleanupRetry,
+        CleanupCancelled,
+        OrphanDeletion,
+        DryRun,
+        Released,
+        Scrubbed,
+        BoundToPod,
+        DeletedWithPod,
+        ScaledUpDuringCleanup,
+        CleanupFailed,
+        CleanupGaveUp,
+        CleanupTemplateInvalid,
+        CleanupTemplateTooLarge,
+        CleanupTemplateRestartPolicy,
+        CleanupTemplateSelectorOverlap,
+        CleanupTemplateVolumeClash,
+        CleanupTemplateForbiddenField,
+        CleanupPodRejected,
+        CleanupPodStuck,
+        ClaimMissing,
+        ClaimInUse,
+        ClaimOwnershipConflict,
+        ForeignPod,
+        UnprovenCleanupPod,
+        RetentionPolicyConflict,
+        ReleaseFailed,
+        PodBindingRefused,
+        ScrubFailed,
+        ReconcileFailed,
+    ];
+
+    /// The kind and Event string each reason must have. No wildcard: a new reason does not compile
+    /// until it is classified here.
+    fn expected(reason: Reason) -> (Kind, &'static str) {
+        match reason {
+            SuccessfulCreate => (Normal, "SuccessfulCreate"),
+            CleanupSuccess => (Normal, "CleanupSuccess"),
+            SuccessfulDelete => (Normal, "SuccessfulDelete"),
+            CleanupRetry => (Normal, "CleanupRetry"),
+            CleanupCancelled => (Normal, "CleanupCancelled"),
+            OrphanDeletion => (Normal, "OrphanDeletion"),
+            DryRun => (Normal, "DryRun"),
+            Released => (Normal, "Released"),
+            Scrubbed => (Normal, "Scrubbed"),
+            BoundToPod => (Normal, "BoundToPod"),
+            DeletedWithPod => (Normal, "DeletedWithPod"),
+            ScaledUpDuringCleanup => (Warning, "ScaledUpDuringCleanup"),
+            CleanupFailed => (Warning, "CleanupFailed"),
+            CleanupGaveUp => (Warning, "CleanupGaveUp"),
+            CleanupTemplateInvalid => (Warning, "CleanupTemplateInvalid"),
+            CleanupTemplateTooLarge => (Warning, "CleanupTemplateTooLarge"),
+            CleanupTemplateRestartPolicy => (Warning, "CleanupTemplateRestartPolicy"),
+            CleanupTemplateSelectorOverlap => (Warning, "CleanupTemplateSelectorOverlap"),
+            CleanupTemplateVolumeClash => (Warning, "CleanupTemplateVolumeClash"),
+            CleanupTemplateForbiddenField => (Warning, "CleanupTemplateForbiddenField"),
+            CleanupPodRejected => (Warning, "CleanupPodRejected"),
+            CleanupPodStuck => (Warning, "CleanupPodStuck"),
+            ClaimMissing => (Warning, "ClaimMissing"),
+            ClaimInUse => (Warning, "ClaimInUse"),
+            ClaimOwnershipConflict => (Warning, "ClaimOwnershipConflict"),
+            ForeignPod => (Warning, "ForeignPod"),
+            UnprovenCleanupPod => (Warning, "UnprovenCleanupPod"),
+            RetentionPolicyConflict => (Warning, "RetentionPolicyConflict"),
+            ReleaseFailed => (Warning, "ErrReleasePV"),
+            PodBindingRefused => (Warning, "PodBindingRefused"),
+            ScrubFailed => (Warning, "ErrScrubPV"),
+            ReconcileFailed => (Warning, "ReconcileFailed"),
+        }
+    }
+
     #[test]
-    fn all_lists_every_reason_once_with_distinct_names() {
-        let names: std::collections::BTreeSet<&str> =
-            Reason::ALL.iter().map(|r| r.as_str()).collect();
-        assert_eq!(names.len(), Reason::ALL.len());
+    fn all_is_every_reason_in_declaration_order() {
+        assert_eq!(
+            Reason::ALL,
+            LISTED,
+            "ALL differs from the hand-written list"
+        );
         assert!(
             Reason::ALL.windows(2).all(|w| w[0] < w[1]),
-            "ALL is in declaration order"
+            "ALL is in declaration order without repeats"
+        );
+    }
+
+    #[test]
+    fn every_reason_has_its_kind_and_a_distinct_name() {
+        for reason in LISTED {
+            let (kind, name) = expected(reason);
+            assert_eq!(reason.kind(), kind, "kind of {reason:?}");
+            assert_eq!(
+                reason.is_warning(),
+                kind == Warning,
+                "is_warning of {reason:?}"
+            );
+            assert_eq!(reason.as_str(), name, "Event reason of {reason:?}");
+            assert_eq!(reason.to_string(), name, "Display of {reason:?}");
+        }
+        let names: std::collections::BTreeSet<&str> =
+            Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(
+            names.len(),
+            Reason::ALL.len(),
+            "Event reasons repeat: {names:?}"
+        );
+        let normal = Reason::ALL.iter().filter(|r| r.kind() == Normal).count();
+        assert_eq!(
+            (normal, Reason::ALL.len() - normal),
+            (11, 21),
+            "Normal and Warning reasons"
         );
     }
 
