@@ -1,6 +1,7 @@
 //! Puts the commit the binary is built from into `SCALEDOWN_GIT_COMMIT`, for `--version`:
 //! the environment variable of that name if set (hack/image.sh, the Dockerfile), else
-//! `git rev-parse HEAD`, else "unknown" (a source tarball without git).
+//! `git rev-parse HEAD`, else "unknown" (a source tarball without git). Which of the three it was
+//! goes into `SCALEDOWN_GIT_COMMIT_SOURCE` ("env", "git" or "none"), so a test can check the value.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -15,8 +16,8 @@ fn git(args: &[&str]) -> Option<String> {
 
 fn main() {
     println!("cargo:rerun-if-env-changed=SCALEDOWN_GIT_COMMIT");
-    let commit = match std::env::var("SCALEDOWN_GIT_COMMIT") {
-        Ok(c) if !c.is_empty() => c,
+    let (commit, source) = match std::env::var("SCALEDOWN_GIT_COMMIT") {
+        Ok(c) if !c.is_empty() => (c, "env"),
         _ => {
             // Rebuild when HEAD moves: HEAD itself (a branch switch) and the branch's ref file.
             for path in [
@@ -38,8 +39,12 @@ fn main() {
             {
                 println!("cargo:rerun-if-changed={packed}");
             }
-            git(&["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".to_string())
+            match git(&["rev-parse", "HEAD"]) {
+                Some(head) => (head, "git"),
+                None => ("unknown".to_string(), "none"),
+            }
         }
     };
     println!("cargo:rustc-env=SCALEDOWN_GIT_COMMIT={commit}");
+    println!("cargo:rustc-env=SCALEDOWN_GIT_COMMIT_SOURCE={source}");
 }

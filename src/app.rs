@@ -747,25 +747,92 @@ fn became_leader(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+
+    use futures::FutureExt;
+
     use super::*;
 
-    /// The controllers may end during `until_stopped` (graceful shutdown finished at once), and
-    /// `wind_down` polls them again: that must not panic (a `Map` polled after its end does; the
-    /// chaos run caught it at a SIGTERM).
-    #[tokio::test]
-    async fn shutdown_survives_controllers_that_already_ended() {
-        use futures::FutureExt;
-        for _ in 0..50 {
-            let stop = CancellationToken::new();
-            stop.cancel();
-            let work = futures::future::ready(()).map(|_| ()).boxed().fuse();
-            tokio::pin!(work);
-            let mut election = None;
-            let lost = until_stopped(work.as_mut(), &mut election, &stop).await;
-            assert!(lost.is_none());
-            let deadline = Instant::now() + SHUTDOWN_GRACE;
-            let outcome = wind_down(work, election, lost, async {}, deadline).await;
-            assert!(outcome.is_ok());
-        }
+    /// A controller future as `run` builds it (a `Map`, which panics if polled after its end),
+    /// fused, that sets `ended` when it ends.
+    fn controllers(ended: &Arc<AtomicBool>) -> Fuse<impl Future<Output = ()> + use<>> {
+        let ended = ended.clone();
+        futures::future::ready(())
+            .map(move |_| ended.store(true, Ordering::SeqCst))
+            .fuse()
+    }
+
+    /// The controllers end before `stop` (graceful shutdown finished at once): `until_stopped`
+    /// returns for them, and `wind_down` polls them again without panicking (the chaos run caught
+    /// a `Map` polled after its end at a SIGTERM) and returns as soon as the reconciles are idle.
+    #[tokio::test(start_paused = true)]
+    async fn controllers_that_already_ended_are_polled_again_safely() {
+        let ended = Arc::new(AtomicBool::new(false));
+        let work = controllers(&ended);
+        tokio::pin!(work);
+        let (stop, mut election) = (CancellationToken::new(), None);
+        let lost = until_stopped(work.as_mut(), &mut election, &stop).await;
+        assert!(lost.is_none(), "no election, nothing lost");
+        assert!(
+            ended.load(Ordering::SeqCst),
+            "returned because the controllers ended"
+        );
+        let start = Instant::now();
+        let deadline = start + SHUTDOWN_GRACE;
+        let outcome = wind_down(work, election, lost, async {}, deadline).await;
+        assert!(outcome.is_ok(), "{outcome:?}");
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "idle at once: no wait for the grace"
+        );
+    }
+
+    /// `stop` before the controllers were polled: `wind_down` drives them to their end.
+    #[tokio::test(start_paused = true)]
+    async fn wind_down_lets_the_controllers_finish() {
+        let ended = Arc::new(AtomicBool::new(false));
+        let work = controllers(&ended);
+        tokio::pin!(work);
+        let deadline = Instant::now() + SHUTDOWN_GRACE;
+        let idle = std::future::pending::<()>();
+        let outcome = wind_down(work, None, None, idle, deadline).await;
+        assert!(outcome.is_ok(), "{outcome:?}");
+        assert!(
+            ended.load(Ordering::SeqCst),
+            "the controllers ran to their end"
+        );
+    }
+
+    /// Controllers and reconciles that never finish are dropped at the deadline, not before and
+    /// not later.
+    #[tokio::test(start_paused = true)]
+    async fn wind_down_stops_waiting_at_the_deadline() {
+        let work = std::future::pending::<()>().fuse();
+        tokio::pin!(work);
+        let start = Instant::now();
+        let idle = std::future::pending::<()>();
+        let wound = wind_down(work, None, None, idle, start + SHUTDOWN_GRACE);
+        let outcome = tokio::time::timeout(SHUTDOWN_GRACE * 10, wound).await;
+        assert!(matches!(outcome, Ok(Ok(()))), "{outcome:?}");
+        assert_eq!(start.elapsed(), SHUTDOWN_GRACE);
+    }
+
+    /// An election that ends first is leadership lost: its error is the outcome of the shutdown.
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_election_is_the_outcome() {
+        let work = std::future::pending::<()>().fuse();
+        tokio::pin!(work);
+        let stop = CancellationToken::new();
+        let mut election = Some(tokio::spawn(async { Err(Error::LeadershipLost) }));
+        let lost = until_stopped(work.as_mut(), &mut election, &stop).await;
+        assert!(matches!(lost, Some(Err(Error::LeadershipLost))), "{lost:?}");
+        assert!(
+            election.is_none(),
+            "the ended election is not awaited again"
+        );
+        let deadline = Instant::now() + SHUTDOWN_GRACE;
+        let outcome = wind_down(work, election, lost, async {}, deadline).await;
+        assert!(matches!(outcome, Err(Error::LeadershipLost)), "{outcome:?}");
     }
 }

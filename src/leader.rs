@@ -9,13 +9,15 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::Api;
 use kube_lease_manager::{LeaseCreateMode, LeaseManagerBuilder};
 use tokio::sync::watch;
+// Tokio's clock: the same as std's in production, and one a test can pause and advance.
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};
@@ -210,8 +212,9 @@ async fn confirmed_until(
 mod tests {
     use super::*;
 
-    #[test]
-    fn writes_stop_at_the_renew_deadline_by_the_local_clock() {
+    /// The deadline is read on the paused clock: writes stop exactly at it, not some time later.
+    #[tokio::test(start_paused = true)]
+    async fn writes_stop_at_the_renew_deadline_by_the_local_clock() {
         assert!(
             Leadership::always().may_write(),
             "without election this process always writes"
@@ -219,16 +222,17 @@ mod tests {
         let l = Leadership::elected();
         assert!(!l.may_write(), "a candidate does not write");
         l.set(true, Some(Instant::now() + Duration::from_millis(50)));
-        assert!(l.may_write());
-        std::thread::sleep(Duration::from_millis(60));
+        tokio::time::advance(Duration::from_millis(49)).await;
+        assert!(l.may_write(), "1 ms before the deadline");
+        tokio::time::advance(Duration::from_millis(1)).await;
         assert!(
             !l.may_write(),
-            "past the deadline, even before the election task notices"
+            "at the deadline, even before the election task notices"
         );
         l.set(true, Some(Instant::now() + Duration::from_secs(10)));
-        assert!(l.may_write());
+        assert!(l.may_write(), "a renewal moves the deadline");
         l.set(false, None);
-        assert!(!l.may_write());
+        assert!(!l.may_write(), "not leading");
     }
 
     #[test]

@@ -1,252 +1,167 @@
 //! Every outcome the controller reports. One `Reason` drives the Event reason, its type (Normal or
 //! Warning), the `reason` label of `scaledown_events_total` and the `reason` field of log lines, so
 //! the three can never disagree and nothing matches on reason strings.
+//!
+//! The list below is the one place a reason is declared: its kind, its Event string, its doc and
+//! its description. `reasons!` generates the enum, [`Reason::ALL`], [`Reason::as_str`],
+//! [`Reason::kind`] and [`Reason::description`] from it,
+//! so a reason without a kind does not compile and `ALL` cannot miss one.
 
-/// One reportable outcome.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Reason {
-    // --- Normal ---
+/// The Event type of a reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// Progress: nothing for a human to do.
+    Normal,
+    /// Something a human should look at.
+    Warning,
+}
+
+/// Declares [`Reason`] from `Kind Variant = "EventString" when "description",` entries (each with
+/// its doc for developers; the description is for operators).
+macro_rules! reasons {
+    ($( $(#[$doc:meta])* $kind:ident $variant:ident = $name:literal when $when:literal, )+) => {
+        /// One reportable outcome.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Reason {
+            $( $(#[$doc])* $variant, )+
+        }
+
+        impl Reason {
+            /// Every reason in declaration order, for metric pre-registration and documentation
+            /// checks.
+            pub const ALL: [Reason; [$( Reason::$variant, )+].len()] = [$( Reason::$variant, )+];
+
+            /// The Event reason (and metric label, and log field).
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $( Reason::$variant => $name, )+
+                }
+            }
+
+            /// Normal or Warning.
+            pub const fn kind(self) -> Kind {
+                match self {
+                    $( Reason::$variant => Kind::$kind, )+
+                }
+            }
+
+            /// When the reason is reported, for operators: the "When" column of the Event table
+            /// in docs/reference.md (generated from this, see
+            /// `tests::the_event_table_is_generated_from_the_code`).
+            pub const fn description(self) -> &'static str {
+                match self {
+                    $( Reason::$variant => $when, )+
+                }
+            }
+        }
+    };
+}
+
+reasons! {
     /// A cleanup pod was created, confirmed and released to run.
-    SuccessfulCreate,
+    Normal SuccessfulCreate = "SuccessfulCreate"
+        when "a cleanup pod was created, confirmed and released to run",
     /// A cleanup pod succeeded; its claims and the pod are deleted next.
-    CleanupSuccess,
+    Normal CleanupSuccess = "CleanupSuccess"
+        when "a cleanup pod succeeded; its claims and the pod are deleted next",
     /// A claim or a cleanup pod was deleted (or a stateful pod on background deletion).
-    SuccessfulDelete,
+    Normal SuccessfulDelete = "SuccessfulDelete"
+        when "a claim or a cleanup pod was deleted (or a stateful pod on background deletion)",
     /// A failed cleanup pod was deleted for the next attempt.
-    CleanupRetry,
+    Normal CleanupRetry = "CleanupRetry"
+        when "a failed cleanup pod was deleted for the next attempt",
     /// A cleanup pod was created but the confirmation read showed its ordinal wanted (or the set
     /// changed); the pod, which never ran, was deleted again.
-    CleanupCancelled,
+    Normal CleanupCancelled = "CleanupCancelled"
+        when "a cleanup pod was created but its ordinal was wanted again (or the set changed); it never ran and was deleted",
     /// The set was deleted with orphan propagation.
-    OrphanDeletion,
+    Normal OrphanDeletion = "OrphanDeletion"
+        when "the set was deleted with orphan propagation",
     /// `--dry-run`: what would have been written.
-    DryRun,
+    Normal DryRun = "DryRun"
+        when "`--dry-run`: on a StatefulSet, what the scale-down controller would have written (the companions only log it)",
     /// The PV releaser removed a PV's claimRef: the PV is Available again (plumber-cd's reason).
-    Released,
+    Normal Released = "Released"
+        when "on a PersistentVolume (Events of cluster objects go to namespace `default`): the PV releaser made it Available again (plumber-cd's reason)",
     /// The scrub pod of a Released PV succeeded; the PV is released next.
-    Scrubbed,
+    Normal Scrubbed = "Scrubbed"
+        when "on a PersistentVolume: its scrub pod succeeded; it is released next",
     /// A claim was bound to its pod's life (an ownerReference to the pod).
-    BoundToPod,
+    Normal BoundToPod = "BoundToPod"
+        when "on a claim: it now has an ownerReference to its pod's UID and goes with that pod",
     /// A claim bound to a pod that was gone before the binding was made was deleted.
-    DeletedWithPod,
-    // --- Warning ---
+    Normal DeletedWithPod = "DeletedWithPod"
+        when "on a claim: its pod was gone before it could be bound, and the grace is over; deleted",
     /// The ordinal was scaled up while its cleanup ran; the claims are kept.
-    ScaledUpDuringCleanup,
-    CleanupFailed,
-    CleanupGaveUp,
-    CleanupTemplateInvalid,
+    Warning ScaledUpDuringCleanup = "ScaledUpDuringCleanup"
+        when "the ordinal was scaled up while its cleanup ran; the claims are kept",
+    /// A cleanup pod failed, or the kubelet restarted its failed container (the note: what next).
+    Warning CleanupFailed = "CleanupFailed"
+        when "a cleanup pod failed, or the kubelet restarted its failed container (`restartPolicy: OnFailure`) (reason, exit code, what happens next)",
+    /// The last attempt failed (the pod stays), or the API server refused the pod every attempt.
+    Warning CleanupGaveUp = "CleanupGaveUp"
+        when "the last attempt failed (the pod stays), or the API server refused the pod `--cleanup-attempts` times",
+    /// The template annotation is not JSON or YAML, or not a pod.
+    Warning CleanupTemplateInvalid = "CleanupTemplateInvalid"
+        when "the annotation is not JSON/YAML, or not a pod",
     /// The template or the pod rendered from it is over a size or parser budget.
-    CleanupTemplateTooLarge,
-    CleanupTemplateRestartPolicy,
-    CleanupTemplateSelectorOverlap,
-    CleanupTemplateVolumeClash,
-    CleanupTemplateForbiddenField,
+    Warning CleanupTemplateTooLarge = "CleanupTemplateTooLarge"
+        when "the template or the pod rendered from it exceeds a size or parser budget (the limit is named)",
+    /// The template asks for `restartPolicy: Always`.
+    Warning CleanupTemplateRestartPolicy = "CleanupTemplateRestartPolicy"
+        when "`restartPolicy: Always`",
+    /// The template's labels match the set's selector (the StatefulSet controller would adopt it).
+    Warning CleanupTemplateSelectorOverlap = "CleanupTemplateSelectorOverlap"
+        when "the pod's labels match the set's selector (the StatefulSet controller would adopt it)",
+    /// A template volume has a claim template's name but is not a claim volume.
+    Warning CleanupTemplateVolumeClash = "CleanupTemplateVolumeClash"
+        when "a template volume has a claim template's name but is not a claim volume",
+    /// The template sets `metadata.ownerReferences` or `metadata.finalizers`.
+    Warning CleanupTemplateForbiddenField = "CleanupTemplateForbiddenField"
+        when "`metadata.ownerReferences` or `metadata.finalizers` in the template",
     /// The API server refused the cleanup pod (admission, quota, validation, size, server error).
-    CleanupPodRejected,
+    Warning CleanupPodRejected = "CleanupPodRejected"
+        when "the API server refused the rendered pod: admission, quota, validation, size (code and message included)",
     /// A cleanup pod has been Pending (unscheduled) past `--cleanup-pending-timeout`.
-    CleanupPodStuck,
-    ClaimMissing,
+    Warning CleanupPodStuck = "CleanupPodStuck"
+        when "a cleanup pod is still Pending after `--cleanup-pending-timeout`",
+    /// A claim of the ordinal does not exist; an `emptyDir` stands in.
+    Warning ClaimMissing = "ClaimMissing"
+        when "a claim of the ordinal does not exist; an `emptyDir` stands in",
     /// A claim of a finished cleanup is mounted by another pod; it is not deleted while so.
-    ClaimInUse,
-    ClaimOwnershipConflict,
-    ForeignPod,
+    Warning ClaimInUse = "ClaimInUse"
+        when "a claim due for deletion (of a finished cleanup, or bound to a pod that is gone) is mounted by another pod; it is deleted once that pod is gone",
+    /// The claim also belongs to another StatefulSet that uses it.
+    Warning ClaimOwnershipConflict = "ClaimOwnershipConflict"
+        when "the claim also belongs to another StatefulSet that uses it",
+    /// A pod named like the ordinal is neither the set's nor ours; the ordinal waits.
+    Warning ForeignPod = "ForeignPod"
+        when "a pod named `S-N` is neither the set's nor ours; the ordinal waits",
     /// A pod looks like a cleanup pod (label, annotations) but this controller's record on the
     /// StatefulSet does not name its UID: it is never treated as a cleanup.
-    UnprovenCleanupPod,
-    RetentionPolicyConflict,
+    Warning UnprovenCleanupPod = "UnprovenCleanupPod"
+        when "a pod looks like a cleanup pod but is not in the controller's record; it never causes a deletion",
+    /// The set asks Kubernetes to delete its claims (`whenScaled`/`whenDeleted: Delete`).
+    Warning RetentionPolicyConflict = "RetentionPolicyConflict"
+        when "`whenScaled`/`whenDeleted: Delete`; Kubernetes deletes the claims",
     /// The PV releaser could not release a PV (plumber-cd's reason `ErrReleasePV`).
-    ReleaseFailed,
+    Warning ReleaseFailed = "ErrReleasePV"
+        when "on a PersistentVolume: the release failed (plumber-cd's reason); retried after 10 s",
     /// A claim asked to be bound to a pod it may not be bound to (a StatefulSet's pod or claim).
-    PodBindingRefused,
+    Warning PodBindingRefused = "PodBindingRefused"
+        when "on a claim: it names a StatefulSet's pod, belongs to a StatefulSet, or names no pod; nothing is written to the claim",
     /// The scrub of a PV failed (or could not start): the PV stays Released.
-    ScrubFailed,
-    ReconcileFailed,
+    Warning ScrubFailed = "ErrScrubPV"
+        when "on a PersistentVolume: its scrub failed (the pod failed, the template is invalid, or the API server refused the pod); it stays Released",
+    /// Passes over the set failed in a row; the set backs off.
+    Warning ReconcileFailed = "ReconcileFailed"
+        when "two or more passes over the set failed in a row; names the error category and the API server's answer; the set backs off (once per distinct answer)",
 }
 
 impl Reason {
-    /// Every reason, for metric pre-registration and documentation checks.
-    pub const ALL: [Reason; 32] = [
-        Reason::SuccessfulCreate,
-        Reason::CleanupSuccess,
-        Reason::SuccessfulDelete,
-        Reason::CleanupRetry,
-        Reason::CleanupCancelled,
-        Reason::OrphanDeletion,
-        Reason::DryRun,
-        Reason::Released,
-        Reason::Scrubbed,
-        Reason::BoundToPod,
-        Reason::DeletedWithPod,
-        Reason::ScaledUpDuringCleanup,
-        Reason::CleanupFailed,
-        Reason::CleanupGaveUp,
-        Reason::CleanupTemplateInvalid,
-        Reason::CleanupTemplateTooLarge,
-        Reason::CleanupTemplateRestartPolicy,
-        Reason::CleanupTemplateSelectorOverlap,
-        Reason::CleanupTemplateVolumeClash,
-        Reason::CleanupTemplateForbiddenField,
-        Reason::CleanupPodRejected,
-        Reason::CleanupPodStuck,
-        Reason::ClaimMissing,
-        Reason::ClaimInUse,
-        Reason::ClaimOwnershipConflict,
-        Reason::ForeignPod,
-        Reason::UnprovenCleanupPod,
-        Reason::RetentionPolicyConflict,
-        Reason::ReleaseFailed,
-        Reason::PodBindingRefused,
-        Reason::ScrubFailed,
-        Reason::ReconcileFailed,
-    ];
-
-    /// The Event reason (and metric label, and log field).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Reason::SuccessfulCreate => "SuccessfulCreate",
-            Reason::CleanupSuccess => "CleanupSuccess",
-            Reason::SuccessfulDelete => "SuccessfulDelete",
-            Reason::CleanupRetry => "CleanupRetry",
-            Reason::CleanupCancelled => "CleanupCancelled",
-            Reason::OrphanDeletion => "OrphanDeletion",
-            Reason::DryRun => "DryRun",
-            Reason::Released => "Released",
-            Reason::Scrubbed => "Scrubbed",
-            Reason::BoundToPod => "BoundToPod",
-            Reason::DeletedWithPod => "DeletedWithPod",
-            Reason::ScaledUpDuringCleanup => "ScaledUpDuringCleanup",
-            Reason::CleanupFailed => "CleanupFailed",
-            Reason::CleanupGaveUp => "CleanupGaveUp",
-            Reason::CleanupTemplateInvalid => "CleanupTemplateInvalid",
-            Reason::CleanupTemplateTooLarge => "CleanupTemplateTooLarge",
-            Reason::CleanupTemplateRestartPolicy => "CleanupTemplateRestartPolicy",
-            Reason::CleanupTemplateSelectorOverlap => "CleanupTemplateSelectorOverlap",
-            Reason::CleanupTemplateVolumeClash => "CleanupTemplateVolumeClash",
-            Reason::CleanupTemplateForbiddenField => "CleanupTemplateForbiddenField",
-            Reason::CleanupPodRejected => "CleanupPodRejected",
-            Reason::CleanupPodStuck => "CleanupPodStuck",
-            Reason::ClaimMissing => "ClaimMissing",
-            Reason::ClaimInUse => "ClaimInUse",
-            Reason::ClaimOwnershipConflict => "ClaimOwnershipConflict",
-            Reason::ForeignPod => "ForeignPod",
-            Reason::UnprovenCleanupPod => "UnprovenCleanupPod",
-            Reason::RetentionPolicyConflict => "RetentionPolicyConflict",
-            Reason::ReleaseFailed => "ErrReleasePV",
-            Reason::PodBindingRefused => "PodBindingRefused",
-            Reason::ScrubFailed => "ErrScrubPV",
-            Reason::ReconcileFailed => "ReconcileFailed",
-        }
-    }
-
-    /// When the reason is reported: the "When" column of the Event table in docs/reference.md
-    /// (generated from this, see `tests::the_event_table_is_generated_from_the_code`).
-    pub const fn description(self) -> &'static str {
-        match self {
-            Reason::SuccessfulCreate => "a cleanup pod was created, confirmed and released to run",
-            Reason::CleanupSuccess => {
-                "a cleanup pod succeeded; its claims and the pod are deleted next"
-            }
-            Reason::SuccessfulDelete => {
-                "a claim or a cleanup pod was deleted (or a stateful pod on background deletion)"
-            }
-            Reason::CleanupRetry => "a failed cleanup pod was deleted for the next attempt",
-            Reason::CleanupCancelled => {
-                "a cleanup pod was created but its ordinal was wanted again (or the set changed); it never ran and was deleted"
-            }
-            Reason::OrphanDeletion => "the set was deleted with orphan propagation",
-            Reason::DryRun => {
-                "`--dry-run`: on a StatefulSet, what the scale-down controller would have written (the companions only log it)"
-            }
-            Reason::Released => {
-                "on a PersistentVolume (Events of cluster objects go to namespace `default`): the PV releaser made it Available again (plumber-cd's reason)"
-            }
-            Reason::Scrubbed => {
-                "on a PersistentVolume: its scrub pod succeeded; it is released next"
-            }
-            Reason::BoundToPod => {
-                "on a claim: it now has an ownerReference to its pod's UID and goes with that pod"
-            }
-            Reason::DeletedWithPod => {
-                "on a claim: its pod was gone before it could be bound, and the grace is over; deleted"
-            }
-            Reason::ScaledUpDuringCleanup => {
-                "the ordinal was scaled up while its cleanup ran; the claims are kept"
-            }
-            Reason::CleanupFailed => {
-                "a cleanup pod failed, or the kubelet restarted its failed container (`restartPolicy: OnFailure`) (reason, exit code, what happens next)"
-            }
-            Reason::CleanupGaveUp => {
-                "the last attempt failed (the pod stays), or the API server refused the pod `--cleanup-attempts` times"
-            }
-            Reason::CleanupTemplateInvalid => "the annotation is not JSON/YAML, or not a pod",
-            Reason::CleanupTemplateTooLarge => {
-                "the template or the pod rendered from it exceeds a size or parser budget (the limit is named)"
-            }
-            Reason::CleanupTemplateRestartPolicy => "`restartPolicy: Always`",
-            Reason::CleanupTemplateSelectorOverlap => {
-                "the pod's labels match the set's selector (the StatefulSet controller would adopt it)"
-            }
-            Reason::CleanupTemplateVolumeClash => {
-                "a template volume has a claim template's name but is not a claim volume"
-            }
-            Reason::CleanupTemplateForbiddenField => {
-                "`metadata.ownerReferences` or `metadata.finalizers` in the template"
-            }
-            Reason::CleanupPodRejected => {
-                "the API server refused the rendered pod: admission, quota, validation, size (code and message included)"
-            }
-            Reason::CleanupPodStuck => {
-                "a cleanup pod is still Pending after `--cleanup-pending-timeout`"
-            }
-            Reason::ClaimMissing => {
-                "a claim of the ordinal does not exist; an `emptyDir` stands in"
-            }
-            Reason::ClaimInUse => {
-                "a claim due for deletion (of a finished cleanup, or bound to a pod that is gone) is mounted by another pod; it is deleted once that pod is gone"
-            }
-            Reason::ClaimOwnershipConflict => {
-                "the claim also belongs to another StatefulSet that uses it"
-            }
-            Reason::ForeignPod => {
-                "a pod named `S-N` is neither the set's nor ours; the ordinal waits"
-            }
-            Reason::UnprovenCleanupPod => {
-                "a pod looks like a cleanup pod but is not in the controller's record; it never causes a deletion"
-            }
-            Reason::RetentionPolicyConflict => {
-                "`whenScaled`/`whenDeleted: Delete`; Kubernetes deletes the claims"
-            }
-            Reason::ReleaseFailed => {
-                "on a PersistentVolume: the release failed (plumber-cd's reason); retried after 10 s"
-            }
-            Reason::PodBindingRefused => {
-                "on a claim: it names a StatefulSet's pod, belongs to a StatefulSet, or names no pod; nothing is written to the claim"
-            }
-            Reason::ScrubFailed => {
-                "on a PersistentVolume: its scrub failed (the pod failed, the template is invalid, or the API server refused the pod); it stays Released"
-            }
-            Reason::ReconcileFailed => {
-                "two or more passes over the set failed in a row; names the error category and the API server's answer; the set backs off (once per distinct answer)"
-            }
-        }
-    }
-
     /// Whether the Event is a Warning (something a human should look at).
     pub const fn is_warning(self) -> bool {
-        !matches!(
-            self,
-            Reason::SuccessfulCreate
-                | Reason::CleanupSuccess
-                | Reason::SuccessfulDelete
-                | Reason::CleanupRetry
-                | Reason::CleanupCancelled
-                | Reason::OrphanDeletion
-                | Reason::DryRun
-                | Reason::Released
-                | Reason::Scrubbed
-                | Reason::BoundToPod
-                | Reason::DeletedWithPod
-        )
+        matches!(self.kind(), Kind::Warning)
     }
 }
 
@@ -258,16 +173,123 @@ impl std::fmt::Display for Reason {
 
 #[cfg(test)]
 mod tests {
+    use super::Kind::{Normal, Warning};
+    use super::Reason::*;
     use super::*;
 
+    /// Every reason, written out by hand in declaration order (not generated by `reasons!`).
+    const LISTED: [Reason; 32] = [
+        SuccessfulCreate,
+        CleanupSuccess,
+        SuccessfulDelete,
+        CleanupRetry,
+        CleanupCancelled,
+        OrphanDeletion,
+        DryRun,
+        Released,
+        Scrubbed,
+        BoundToPod,
+        DeletedWithPod,
+        ScaledUpDuringCleanup,
+        CleanupFailed,
+        CleanupGaveUp,
+        CleanupTemplateInvalid,
+        CleanupTemplateTooLarge,
+        CleanupTemplateRestartPolicy,
+        CleanupTemplateSelectorOverlap,
+        CleanupTemplateVolumeClash,
+        CleanupTemplateForbiddenField,
+        CleanupPodRejected,
+        CleanupPodStuck,
+        ClaimMissing,
+        ClaimInUse,
+        ClaimOwnershipConflict,
+        ForeignPod,
+        UnprovenCleanupPod,
+        RetentionPolicyConflict,
+        ReleaseFailed,
+        PodBindingRefused,
+        ScrubFailed,
+        ReconcileFailed,
+    ];
+
+    /// The kind and Event string each reason must have. No wildcard: a new reason does not compile
+    /// until it is classified here.
+    fn expected(reason: Reason) -> (Kind, &'static str) {
+        match reason {
+            SuccessfulCreate => (Normal, "SuccessfulCreate"),
+            CleanupSuccess => (Normal, "CleanupSuccess"),
+            SuccessfulDelete => (Normal, "SuccessfulDelete"),
+            CleanupRetry => (Normal, "CleanupRetry"),
+            CleanupCancelled => (Normal, "CleanupCancelled"),
+            OrphanDeletion => (Normal, "OrphanDeletion"),
+            DryRun => (Normal, "DryRun"),
+            Released => (Normal, "Released"),
+            Scrubbed => (Normal, "Scrubbed"),
+            BoundToPod => (Normal, "BoundToPod"),
+            DeletedWithPod => (Normal, "DeletedWithPod"),
+            ScaledUpDuringCleanup => (Warning, "ScaledUpDuringCleanup"),
+            CleanupFailed => (Warning, "CleanupFailed"),
+            CleanupGaveUp => (Warning, "CleanupGaveUp"),
+            CleanupTemplateInvalid => (Warning, "CleanupTemplateInvalid"),
+            CleanupTemplateTooLarge => (Warning, "CleanupTemplateTooLarge"),
+            CleanupTemplateRestartPolicy => (Warning, "CleanupTemplateRestartPolicy"),
+            CleanupTemplateSelectorOverlap => (Warning, "CleanupTemplateSelectorOverlap"),
+            CleanupTemplateVolumeClash => (Warning, "CleanupTemplateVolumeClash"),
+            CleanupTemplateForbiddenField => (Warning, "CleanupTemplateForbiddenField"),
+            CleanupPodRejected => (Warning, "CleanupPodRejected"),
+            CleanupPodStuck => (Warning, "CleanupPodStuck"),
+            ClaimMissing => (Warning, "ClaimMissing"),
+            ClaimInUse => (Warning, "ClaimInUse"),
+            ClaimOwnershipConflict => (Warning, "ClaimOwnershipConflict"),
+            ForeignPod => (Warning, "ForeignPod"),
+            UnprovenCleanupPod => (Warning, "UnprovenCleanupPod"),
+            RetentionPolicyConflict => (Warning, "RetentionPolicyConflict"),
+            ReleaseFailed => (Warning, "ErrReleasePV"),
+            PodBindingRefused => (Warning, "PodBindingRefused"),
+            ScrubFailed => (Warning, "ErrScrubPV"),
+            ReconcileFailed => (Warning, "ReconcileFailed"),
+        }
+    }
+
     #[test]
-    fn all_lists_every_reason_once_with_distinct_names() {
-        let names: std::collections::BTreeSet<&str> =
-            Reason::ALL.iter().map(|r| r.as_str()).collect();
-        assert_eq!(names.len(), Reason::ALL.len());
+    fn all_is_every_reason_in_declaration_order() {
+        assert_eq!(
+            Reason::ALL,
+            LISTED,
+            "ALL differs from the hand-written list"
+        );
         assert!(
             Reason::ALL.windows(2).all(|w| w[0] < w[1]),
-            "ALL is in declaration order"
+            "ALL is in declaration order without repeats"
+        );
+    }
+
+    #[test]
+    fn every_reason_has_its_kind_and_a_distinct_name() {
+        for reason in LISTED {
+            let (kind, name) = expected(reason);
+            assert_eq!(reason.kind(), kind, "kind of {reason:?}");
+            assert_eq!(
+                reason.is_warning(),
+                kind == Warning,
+                "is_warning of {reason:?}"
+            );
+            assert_eq!(reason.as_str(), name, "Event reason of {reason:?}");
+            assert_eq!(reason.to_string(), name, "Display of {reason:?}");
+        }
+        let names: std::collections::BTreeSet<&str> =
+            Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(
+            names.len(),
+            Reason::ALL.len(),
+            "Event reasons repeat: {names:?}"
+        );
+        let normal = Reason::ALL.iter().filter(|r| r.kind() == Normal).count();
+        assert_eq!(
+            (normal, Reason::ALL.len() - normal),
+            (11, 21),
+            "Normal and Warning reasons"
         );
     }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event as WatchEvent};
 use kube::runtime::{WatchStreamExt, watcher::Config};
 use kube::{Resource, ResourceExt};
@@ -22,6 +22,9 @@ use serde::de::DeserializeOwned;
 use statefulset_scaledown_controller::resuming::WatchBackoff;
 
 const POLL: Duration = Duration::from_millis(50);
+
+/// The annotation [`Recorder::close_window`] sets.
+pub const WINDOW_MARK: &str = "e2e.scaledown.io/window-closed";
 
 /// How a change reached us.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -243,6 +246,24 @@ where
             }
             tokio::time::sleep(POLL).await;
         }
+    }
+
+    /// Closes a window with a positive marker: annotates object `name` through `api` with a fresh
+    /// value and waits until this watch delivers that change. A watch delivers changes in the
+    /// order of their resource versions, so everything that happened to the watched objects
+    /// before the marker is recorded by then: an absence asserted over the changes before the
+    /// returned one is an absence in the cluster, not a watch that lags.
+    pub async fn close_window(&self, api: &Api<K>, name: &str) -> Seen<K> {
+        let value = format!("{}", self.started.elapsed().as_nanos());
+        let patch = serde_json::json!({"metadata": {"annotations": {WINDOW_MARK: value}}});
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("e2e: annotate {name} to close the window: {e}"));
+        let what = format!("the window marker on {name}");
+        self.wait_for(&what, Duration::from_secs(60), |s| {
+            s.name == name && s.annotations.get(WINDOW_MARK) == Some(&value)
+        })
+        .await
     }
 
     /// Waits until `check` (which may query this recorder) holds; panics with `what` after

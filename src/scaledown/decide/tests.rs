@@ -1039,15 +1039,72 @@ fn next_records_keep_active_ordinals_and_add_new_ones() {
     assert_eq!(records, [(1, new), (2, old)].into());
 }
 
-#[test]
-fn deterministic() {
+/// Parallel set `web` at 1 replica: ordinal 4's cleanup succeeded, ordinal 3's failed (attempt 1)
+/// at `failed_at`; the facts are read `secs` later.
+fn two_finished_cleanups(failed_at: Timestamp, secs: i64) -> Observed {
     let mut o = with_claims(web(1), 0..6, 0..1);
     o.set.parallel = true;
     set_pod(&mut o, 4, cleanup(4, Phase::Succeeded, 1));
-    set_pod(&mut o, 3, cleanup(3, Phase::Failed, 1));
-    let first = decide(&o, &Policy::default());
-    for _ in 0..10 {
-        assert_eq!(decide(&o, &Policy::default()), first);
+    let mut failed = cleanup(3, Phase::Failed, 1);
+    if let PodRole::Cleanup(c) = &mut failed.role {
+        c.failure = c.failure.take().map(|f| Failure {
+            finished_at: Some(failed_at),
+            ..f
+        });
+    }
+    set_pod(&mut o, 3, failed);
+    o.now = failed_at
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(secs))
+        .expect("time");
+    o
+}
+
+/// The plan is a function of the facts and of their clock `o.now` alone: the backoff of a failed
+/// cleanup is counted on `o.now`, never on the machine's clock, so the same scenario a year before
+/// or ten years after `t0` gives the same plan; and a decision leaves nothing behind for the next.
+#[test]
+fn the_plan_depends_on_the_facts_and_their_clock_only() {
+    let policy = Policy::default();
+    let year = k8s_openapi::jiff::SignedDuration::from_hours(24 * 365);
+    let (before, after) = (t0().checked_sub(year), t0().checked_add(year * 10));
+    let shifted = [before.expect("time"), after.expect("time")];
+
+    let waiting = decide(&two_finished_cleanups(t0(), 4), &policy);
+    assert_eq!(
+        summary(&waiting),
+        [
+            "event CleanupSuccess",
+            "delete-claim data-web-4 uid-data-4",
+            "delete-cleanup web-4 Completed",
+            "warn CleanupFailed",
+            "create web-5#1",
+            "create web-2#1",
+            "create web-1#1"
+        ]
+    );
+    assert_eq!(waiting.requeue_after, Some(Duration::from_secs(6)));
+    let retrying = decide(&two_finished_cleanups(t0(), 10), &policy);
+    assert_eq!(
+        summary(&retrying)[3..6],
+        [
+            "warn CleanupFailed",
+            "mark data-web-3 Some(2)",
+            "delete-cleanup web-3 Retry"
+        ],
+        "the backoff ended at t0 + 10 s by the facts' clock"
+    );
+    for base in shifted {
+        let _unrelated = decide(&with_claims(web(2), 0..4, 0..2), &policy);
+        assert_eq!(
+            decide(&two_finished_cleanups(base, 4), &policy),
+            waiting,
+            "at {base}"
+        );
+        assert_eq!(
+            decide(&two_finished_cleanups(base, 10), &policy),
+            retrying,
+            "at {base}"
+        );
     }
 }
 
