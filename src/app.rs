@@ -338,8 +338,8 @@ fn podbound_context(
 }
 
 /// Objects per page of the watches' lists (kube's default is 500). A page is held twice while it
-/// is decoded (the body and the objects), and glibc keeps what a process once held, so the page
-/// bounds the resident memory more than the caches do; 100 costs a few more requests at start.
+/// is decoded (the body and the objects), so the page bounds the peak at start more than the
+/// caches do; 100 costs a few more requests at start.
 const LIST_PAGE_SIZE: u32 = 100;
 
 /// The caches and the change streams the controller runs on. Every watch restores itself after an
