@@ -680,16 +680,7 @@ async fn scale_down_served(
 
 /// Our controller's Events on [`SET`].
 async fn our_events(apps: &TestNamespace) -> Vec<Event> {
-    let events: Api<Event> = apps.api();
-    events
-        .list(&ListParams::default())
-        .await
-        .expect("list events")
-        .items
-        .into_iter()
-        .filter(|e| e.reporting_controller.as_deref() == Some(MANIFEST_NAME))
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(SET))
-        .collect()
+    support::deploy::set_events(apps, SET).await
 }
 
 /// Only holders of the Lease wrote: every Event on [`SET`] came from an identity seen holding it.

@@ -447,8 +447,8 @@ pub async fn scale(ns: &TestNamespace, name: &str, replicas: i32) {
         .unwrap_or_else(|e| panic!("scale {name} to {replicas}: {e}"));
 }
 
-/// Reasons of the Events on StatefulSet `set` that the controller with `identity` published.
-pub async fn event_reasons(ns: &TestNamespace, set: &str, identity: &str) -> Vec<String> {
+/// The Events on StatefulSet `set` that the controller (any of its instances) published.
+pub async fn set_events(ns: &TestNamespace, set: &str) -> Vec<Event> {
     let events: Api<Event> = ns.api();
     events
         .list(&ListParams::default())
@@ -458,6 +458,14 @@ pub async fn event_reasons(ns: &TestNamespace, set: &str, identity: &str) -> Vec
         .into_iter()
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(set))
         .filter(|e| e.reporting_controller.as_deref() == Some("statefulset-scaledown-controller"))
+        .collect()
+}
+
+/// Reasons of the Events on StatefulSet `set` that the controller with `identity` published.
+pub async fn event_reasons(ns: &TestNamespace, set: &str, identity: &str) -> Vec<String> {
+    set_events(ns, set)
+        .await
+        .into_iter()
         .filter(|e| e.reporting_instance.as_deref() == Some(identity))
         .filter_map(|e| e.reason)
         .collect()
