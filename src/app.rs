@@ -41,6 +41,7 @@ use crate::index::{Index, Keys};
 use crate::leader::{self, Leadership};
 use crate::metrics::Metrics;
 use crate::naming;
+use crate::pass::{Controller as Pass, Runner};
 use crate::releaser;
 use crate::resuming::WatchBackoff;
 use crate::scaledown::act::Actor;
@@ -232,13 +233,13 @@ pub async fn run(
     let deadline = Instant::now() + SHUTDOWN_GRACE;
     let idle = async {
         if let Some(ctx) = &scaledown {
-            ctx.idle().await;
+            ctx.runner.idle().await;
         }
         if let Some(ctx) = &releaser {
-            ctx.idle().await;
+            ctx.runner.idle().await;
         }
         if let Some(ctx) = &podbound {
-            ctx.idle().await;
+            ctx.runner.idle().await;
         }
     };
     let outcome = wind_down(work, election, lost, idle, deadline).await;
@@ -317,23 +318,14 @@ fn podbound_context(
     metrics: &Arc<Metrics>,
     leadership: &Arc<Leadership>,
 ) -> Arc<crate::podbound::reconcile::Context> {
-    let reporter = Reporter {
-        controller: CONTROLLER_NAME.into(),
-        instance: Some(args.identity()),
-    };
-    let binder = crate::podbound::act::Binder::new(
-        client.clone(),
-        reporter,
-        args.dry_run,
-        metrics.clone(),
-        leadership.clone(),
-    );
+    let (reporter, runner) = reporting(Pass::PodBound, args, client, metrics);
+    let binder = crate::podbound::act::Binder::new(client.clone(), reporter, leadership.clone());
     Arc::new(crate::podbound::reconcile::Context::new(
         client.clone(),
         binder,
         args.pod_bound_grace,
         leadership.clone(),
-        metrics.clone(),
+        runner,
     ))
 }
 
@@ -490,14 +482,10 @@ fn context(
     metrics: &Arc<Metrics>,
     leadership: &Arc<Leadership>,
 ) -> Arc<Context> {
-    let reporter = Reporter {
-        controller: CONTROLLER_NAME.into(),
-        instance: Some(args.identity()),
-    };
+    let (reporter, runner) = reporting(Pass::Scaledown, args, client, metrics);
     let actor = Actor::new(
         client.clone(),
         reporter,
-        args.dry_run,
         metrics.clone(),
         leadership.clone(),
     );
@@ -506,9 +494,9 @@ fn context(
         stores,
         args.policy(),
         actor,
-        metrics.clone(),
         leadership.clone(),
         args.resync_period,
+        runner,
     ))
 }
 
@@ -521,14 +509,10 @@ fn pv_context(
     metrics: &Arc<Metrics>,
     leadership: &Arc<Leadership>,
 ) -> Arc<releaser::reconcile::Context> {
-    let reporter = Reporter {
-        controller: CONTROLLER_NAME.into(),
-        instance: Some(args.identity()),
-    };
+    let (reporter, runner) = reporting(Pass::Releaser, args, client, metrics);
     let writer = releaser::act::Releaser::new(
         client.clone(),
         reporter,
-        args.dry_run,
         metrics.clone(),
         leadership.clone(),
     );
@@ -540,8 +524,26 @@ fn pv_context(
         pool.id.clone(),
         writer,
         leadership.clone(),
-        metrics.clone(),
+        runner,
     ))
+}
+
+/// The reporter of one controller (Events under [`CONTROLLER_NAME`] and this replica's identity)
+/// and its pass runner.
+fn reporting<K>(
+    controller: Pass,
+    args: &Args,
+    client: &Client,
+    metrics: &Arc<Metrics>,
+) -> (Arc<crate::report::Reporter>, Runner<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let identity = Reporter {
+        controller: CONTROLLER_NAME.into(),
+        instance: Some(args.identity()),
+    };
+    crate::pass::parts(controller, client, identity, metrics, args.dry_run)
 }
 
 /// kube's Controller over the watches, as one future; after `stop` it takes no new work and ends

@@ -1,43 +1,39 @@
 //! One pass over one opted-in claim: observe → decide → confirm (a live list of the namespace's
 //! pods and StatefulSets, decide again) → act.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::jiff::Timestamp;
+use kube::Client;
 use kube::api::{Api, ListParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
-use kube::{Client, ResourceExt};
-use tracing::warn;
 
 use super::act::Binder;
 use super::decide::{Plan, decide};
 use super::observe::{PodRead, observe, read_pods};
 use crate::error::{Error, Result};
 use crate::leader::Leadership;
-use crate::metrics::Metrics;
+use crate::pass::Runner;
 
 /// While a claim waits for its pod to appear, it is looked at again this often.
 const WAIT_POLL: Duration = Duration::from_secs(5);
 /// A refused or in-use claim is looked at again after this long.
 const REFUSED_RECHECK: Duration = Duration::from_secs(60);
-const RETRY: Duration = Duration::from_secs(10);
 
 pub struct Context {
     pub client: Client,
     pub binder: Binder,
     pub grace: Duration,
     pub leadership: Arc<Leadership>,
-    pub metrics: Arc<Metrics>,
-    /// (claim UID, note) of Warnings already published, so a refusal is reported once.
-    refused: Mutex<HashSet<(String, String)>>,
-    running: AtomicUsize,
+    /// Times, backs off and reports every pass.
+    pub runner: Runner<Claim>,
 }
+
+type Claim = PartialObjectMeta<PersistentVolumeClaim>;
 
 impl Context {
     pub fn new(
@@ -45,22 +41,14 @@ impl Context {
         binder: Binder,
         grace: Duration,
         leadership: Arc<Leadership>,
-        metrics: Arc<Metrics>,
+        runner: Runner<Claim>,
     ) -> Self {
         Context {
             client,
             binder,
             grace,
             leadership,
-            metrics,
-            refused: Mutex::new(HashSet::new()),
-            running: AtomicUsize::new(0),
-        }
-    }
-
-    pub async fn idle(&self) {
-        while self.running.load(Ordering::SeqCst) > 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            runner,
         }
     }
 
@@ -91,14 +79,8 @@ impl Context {
             }
             Plan::Wait(left) => Ok(Action::requeue(left.min(WAIT_POLL))),
             Plan::Refuse(reason, note) => {
-                let first = self
-                    .refused
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert((facts.uid.clone(), note.clone()));
-                if first {
-                    self.binder.refuse(&facts, reason, note).await;
-                }
+                // Reported once per claim and note (the reporter remembers it).
+                self.binder.refuse(&facts, reason, note).await;
                 Ok(Action::requeue(REFUSED_RECHECK))
             }
         }
@@ -121,34 +103,11 @@ impl Context {
     }
 }
 
-struct Running<'a>(&'a AtomicUsize);
-
-impl Drop for Running<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
+/// The reconciler handed to kube's Controller.
+pub async fn reconcile(claim: Arc<Claim>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.runner.run(&claim, ctx.pass(&claim)).await
 }
 
-pub async fn reconcile(
-    claim: Arc<PartialObjectMeta<PersistentVolumeClaim>>,
-    ctx: Arc<Context>,
-) -> Result<Action> {
-    ctx.running.fetch_add(1, Ordering::SeqCst);
-    let _running = Running(&ctx.running);
-    let started = std::time::Instant::now();
-    let result = ctx.pass(&claim).await;
-    ctx.metrics.reconciled(
-        started.elapsed().as_secs_f64(),
-        result.as_ref().err().map(Error::category),
-    );
-    result
-}
-
-pub fn error_policy(
-    claim: Arc<PartialObjectMeta<PersistentVolumeClaim>>,
-    err: &Error,
-    _ctx: Arc<Context>,
-) -> Action {
-    warn!(claim = %claim.name_any(), namespace = ?claim.namespace(), category = err.category().as_str(), retry_in = ?RETRY, "pod-bound claim pass failed: {err}");
-    Action::requeue(RETRY)
+pub fn error_policy(claim: Arc<Claim>, _err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.runner.error_policy(&claim)
 }

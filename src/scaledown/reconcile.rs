@@ -2,12 +2,11 @@
 //! observe (caches) → decide → confirm (a live read, decide again, if the plan asks) → act →
 //! settle the cleanup pods just created (a read made after the create, the pure verdict, record
 //! and release or delete) → remember and report.
-//! Also the per-StatefulSet memory (error backoff, refused creations), which kube's Controller
-//! leaves to us.
+//! Also the per-StatefulSet memory of refused creations and recent creates; the error backoff,
+//! timing and failure reports are the shared pass runner's (`crate::pass`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,12 +17,11 @@ use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
-use tracing::{debug, warn};
+use tracing::debug;
 
-use crate::error::{Category, Error, Result};
-use crate::metrics::Metrics;
+use crate::error::{Error, Result};
 use crate::naming;
-use crate::reason::Reason;
+use crate::pass::Runner;
 use crate::scaledown::act::{Actor, Created, Done};
 use crate::scaledown::decide::{self, Confirm, Plan, Policy, Step, Verdict, decide};
 use crate::scaledown::observe::{
@@ -35,13 +33,6 @@ use crate::scaledown::watch::{self, Stores};
 /// cache shows it. Short: a pod deleted by someone else before our watch saw it (the StatefulSet
 /// controller or a kubelet finishing the ordinal's old pod by name) is created again after this.
 const CREATED_GRACE: Duration = Duration::from_secs(5);
-/// Error backoff per StatefulSet: first retry after this, doubling per failure.
-const ERROR_BACKOFF_BASE: Duration = Duration::from_secs(1);
-const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(300);
-/// Cap of that backoff for transport errors (the API server could not be reached): they say nothing
-/// about the set, so it is tried again soon after the API server is back. The changes an outage hid
-/// arrive as watch events when the watches resume (see `crate::resuming`).
-const TRANSPORT_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How long the creates of one cleanup pod name are remembered for [`recreate_delay`].
 const RECREATE_WINDOW: Duration = Duration::from_secs(600);
 /// Cap of the wait between creates of one name.
@@ -54,42 +45,21 @@ pub struct Context {
     pub stores: Stores,
     pub policy: Policy,
     pub actor: Actor,
-    pub metrics: Arc<Metrics>,
     pub leadership: Arc<crate::leader::Leadership>,
     pub resync: Duration,
     /// Cleanup pods created by us that the cache may not show yet: (namespace, name) -> when.
     created: Mutex<HashMap<(String, String), Instant>>,
     /// Creates per cleanup pod name in the last [`RECREATE_WINDOW`]: (count, last create).
     recreates: Mutex<HashMap<(String, String), (u32, Instant)>>,
-    /// What this process remembers per StatefulSet.
+    /// What this process remembers per StatefulSet: only sets with refused creations.
     memory: Mutex<HashMap<ObjectRef<StatefulSet>, Memory>>,
-    /// Reconciles running now (shutdown waits for them, within its grace).
-    running: AtomicUsize,
+    /// Times, backs off and reports every pass.
+    pub runner: Runner<StatefulSet>,
 }
 
-/// Counts one running reconcile for as long as it lives (also when it is dropped half-way).
-struct Running<'a>(&'a AtomicUsize);
-
-impl<'a> Running<'a> {
-    fn new(count: &'a AtomicUsize) -> Self {
-        count.fetch_add(1, Ordering::SeqCst);
-        Running(count)
-    }
-}
-
-impl Drop for Running<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// What one StatefulSet's past passes left behind.
+/// The refused creations of one StatefulSet.
 #[derive(Clone, Debug, Default)]
 struct Memory {
-    /// Consecutive failed passes (the error backoff).
-    failures: u32,
-    /// No pass runs before this, however many watch events arrive: set after a failed pass.
-    retry_at: Option<Instant>,
     /// Hash of the template annotation the refusals below were made with.
     template: u64,
     /// Creations the API server refused, per ordinal.
@@ -114,9 +84,9 @@ impl Context {
         stores: Stores,
         policy: Policy,
         actor: Actor,
-        metrics: Arc<Metrics>,
         leadership: Arc<crate::leader::Leadership>,
         resync: Duration,
+        runner: Runner<StatefulSet>,
     ) -> Self {
         Context {
             leadership,
@@ -124,19 +94,11 @@ impl Context {
             stores,
             policy,
             actor,
-            metrics,
             resync,
             created: Mutex::new(HashMap::new()),
             recreates: Mutex::new(HashMap::new()),
             memory: Mutex::new(HashMap::new()),
-            running: AtomicUsize::new(0),
-        }
-    }
-
-    /// Resolves once no reconcile is running.
-    pub async fn idle(&self) {
-        while self.running.load(Ordering::SeqCst) > 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            runner,
         }
     }
 
@@ -352,11 +314,13 @@ impl Context {
     /// The refusals remembered for `set`, forgotten when its template annotation changed.
     fn refusals(&self, set: &StatefulSet) -> BTreeMap<u32, Rejection> {
         let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = memory.entry(ObjectRef::from(set)).or_default();
-        let template = template_hash(set);
-        if entry.template != template {
-            entry.template = template;
-            entry.refusals.clear();
+        let key = ObjectRef::from(set);
+        let Some(entry) = memory.get(&key) else {
+            return BTreeMap::new();
+        };
+        if entry.template != template_hash(set) {
+            memory.remove(&key);
+            return BTreeMap::new();
         }
         entry.refusals.clone()
     }
@@ -428,7 +392,11 @@ impl Context {
     fn remember(&self, set: &StatefulSet, observed: &Observed, done: &Done, reserved: &[String]) {
         {
             let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-            let entry = memory.entry(ObjectRef::from(set)).or_default();
+            let key = ObjectRef::from(set);
+            let entry = memory.entry(key.clone()).or_insert_with(|| Memory {
+                template: template_hash(set),
+                ..Memory::default()
+            });
             for refusal in &done.refused {
                 let count = entry.refusals.get(&refusal.ordinal).map_or(0, |r| r.count);
                 entry.refusals.insert(
@@ -443,6 +411,9 @@ impl Context {
             }
             for created in &done.created {
                 entry.refusals.remove(&created.ordinal);
+            }
+            if entry.refusals.is_empty() {
+                memory.remove(&key);
             }
         }
         let mut in_flight = self.created.lock().unwrap_or_else(|p| p.into_inner());
@@ -481,24 +452,6 @@ impl Context {
         let (count, last) = recreates.get(key)?;
         let left = recreate_delay(count.saturating_add(1)).saturating_sub(last.elapsed());
         (!left.is_zero()).then_some(left)
-    }
-
-    /// Forgets a set's failures after a good pass (`None`); counts a failed one and sets the time
-    /// before which no pass runs. Returns the failure count.
-    fn count_failure(&self, set: &StatefulSet, failed: Option<Category>) -> u32 {
-        let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = memory.entry(ObjectRef::from(set)).or_default();
-        match failed {
-            Some(category) => {
-                entry.failures = entry.failures.saturating_add(1);
-                entry.retry_at = Some(Instant::now() + error_backoff(entry.failures, category));
-            }
-            None => {
-                entry.failures = 0;
-                entry.retry_at = None;
-            }
-        }
-        entry.failures
     }
 }
 
@@ -570,66 +523,15 @@ pub async fn list_namespace(client: &Client, ns: &str) -> Result<Listed> {
 }
 
 /// The reconciler handed to kube's Controller. After a failed pass the set waits out its backoff
-/// here, whatever wakes it (its own pods' watch events would otherwise start a pass at once), so a
-/// failure that repeats can never turn into a loop of creates.
+/// in the runner, whatever wakes it (its own pods' watch events would otherwise start a pass at
+/// once), so a failure that repeats can never turn into a loop of creates.
 pub async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action> {
-    if let Some(wait) = ctx.backing_off(&set) {
-        return Ok(Action::requeue(wait));
-    }
-    let _running = Running::new(&ctx.running);
-    let started = Instant::now();
-    let result = ctx.pass(&set).await;
-    ctx.metrics.reconciled(
-        started.elapsed().as_secs_f64(),
-        result.as_ref().err().map(Error::category),
-    );
-    match &result {
-        Ok(_) => {
-            ctx.count_failure(&set, None);
-        }
-        Err(err) => ctx.failed(&set, err).await,
-    }
-    debug!(set = %set.name_any(), namespace = ?set.namespace(), ok = result.is_ok(), "reconciled");
-    result
+    ctx.runner.run(&set, ctx.pass(&set)).await
 }
 
-impl Context {
-    /// How long `set` still waits after its last failed pass, if it does.
-    fn backing_off(&self, set: &StatefulSet) -> Option<Duration> {
-        let memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-        let at = memory.get(&ObjectRef::from(set))?.retry_at?;
-        let left = at.saturating_duration_since(Instant::now());
-        (!left.is_zero()).then_some(left)
-    }
-
-    /// Backs `set` off after a failed pass, logs it, and from the second failure in a row
-    /// publishes a Warning naming the error (the API's answer included); the same error again
-    /// publishes nothing new.
-    async fn failed(&self, set: &StatefulSet, err: &Error) {
-        let failures = self.count_failure(set, Some(err.category()));
-        let delay = error_backoff(failures, err.category());
-        warn!(set = %set.name_any(), namespace = ?set.namespace(), category = err.category().as_str(), failures, retry_in = ?delay, "reconcile failed: {err}");
-        if failures >= 2 && !matches!(err, Error::NotLeader | Error::LeadershipLost) {
-            let note = format!(
-                "{failures} passes in a row failed ({}): {err}; next try in {}s",
-                err.category().as_str(),
-                delay.as_secs()
-            );
-            let key = format!("{} {err}", err.category().as_str());
-            self.actor
-                .warn(&observe::set_facts(set), Reason::ReconcileFailed, key, note)
-                .await;
-        }
-    }
-}
-
-/// Requeues a set after a failed pass at the end of the backoff `reconcile` set for it.
+/// Requeues a set after a failed pass at the end of its backoff.
 pub fn error_policy(set: Arc<StatefulSet>, _err: &Error, ctx: Arc<Context>) -> Action {
-    Action::requeue(
-        ctx.backing_off(&set)
-            .unwrap_or(ERROR_BACKOFF_BASE)
-            .max(Duration::from_millis(1)),
-    )
+    ctx.runner.error_policy(&set)
 }
 
 /// The name of a recorded cleanup pod that got past Pending (it ran).
@@ -651,18 +553,6 @@ fn recreate_delay(nth: u32) -> Duration {
     Duration::from_secs(1)
         .saturating_mul(2u32.saturating_pow(nth - 3))
         .min(RECREATE_DELAY_MAX)
-}
-
-/// The wait after the `failures`-th failed pass in a row: 1 s doubling to 5 min, or to
-/// [`TRANSPORT_BACKOFF_MAX`] when the API server could not be reached.
-fn error_backoff(failures: u32, category: Category) -> Duration {
-    let cap = match category {
-        Category::Transport => TRANSPORT_BACKOFF_MAX,
-        _ => ERROR_BACKOFF_MAX,
-    };
-    ERROR_BACKOFF_BASE
-        .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1)))
-        .min(cap)
 }
 
 #[cfg(test)]
