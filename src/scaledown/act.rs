@@ -39,15 +39,7 @@ pub struct Actor {
     leadership: Arc<Leadership>,
 }
 
-/// A cleanup pod created (gated) in this pass, waiting for its verdict.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Created {
-    pub ordinal: u32,
-    pub name: String,
-    pub uid: String,
-    pub attempt: u32,
-    pub claims: BTreeMap<String, String>,
-}
+pub use crate::scaledown::observe::Created;
 
 /// The API server refused to create the cleanup pod of `ordinal`.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -175,9 +175,9 @@ impl Context {
                 let live = self.get_set(&observed.set).await?;
                 facts = live.as_ref().map(observe::set_facts);
             }
-            let verdicts = verdicts_on(facts.as_ref(), &pending);
+            let verdicts = decide::verdicts(facts.as_ref(), &pending);
             let on = facts.as_ref().unwrap_or(&observed.set);
-            let runs = runs_of(&verdicts);
+            let runs = decide::runs(&verdicts);
             self.forget_created(&observed.set.namespace, &verdicts);
             let records = decide::next_records(on, observed, &runs);
             let release = decide::may_release(on);
@@ -326,59 +326,57 @@ impl Context {
     }
 
     /// Remembers what the writes of this pass did: refused creations count up, created ones reset.
-    /// Lets the plan's creations through once: a pod this process created that the cache does
-    /// not show yet is not created again (the API would answer 409, one request for nothing). With
-    /// `--max-concurrent-cleanups`, creations take their places under the cap by being entered as
-    /// created before they are; those that find no place are dropped, and the set looks again
-    /// soon. The lock is held for this count only, never across an API call, so every set creates
-    /// in parallel and the cap still holds. Returns the plan and the names entered.
-    fn admit(&self, set: &SetFacts, mut plan: Plan) -> (Plan, Vec<String>) {
+    /// Lets the plan's creates through once (the rule is `decide::admit`): a pod this process
+    /// created that the cache does not show yet is not created again, a name created again and
+    /// again waits out its backoff, and with `--max-concurrent-cleanups` creates take their places
+    /// under the cap by being entered as created before they are. The lock is held for this count
+    /// only, never across an API call, so every set creates in parallel and the cap still holds.
+    /// Returns the plan and the names entered.
+    fn admit(&self, set: &SetFacts, plan: Plan) -> (Plan, Vec<String>) {
         let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
         // Every pass forgets what the cache shows by now: the pass that the pod's own watch
         // event starts is one of them.
         self.forget_cached(&mut created);
-        let creates = |s: &Step| matches!(s, Step::CreateCleanupPod { .. });
-        if !plan.steps.iter().any(creates) {
+        let names: Vec<String> = plan
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::CreateCleanupPod { ordinal, .. } => {
+                    Some(naming::pod_name(&set.name, *ordinal))
+                }
+                _ => None,
+            })
+            .collect();
+        if names.is_empty() {
             return (plan, Vec::new());
         }
-        let mut free = self.policy.max_in_flight.map_or(usize::MAX, |cap| {
-            cap.saturating_sub(self.cached_in_flight() + created.len())
-        });
-        let (mut reserved, mut held_back, mut retry_in) = (Vec::new(), false, None);
-        plan.steps.retain(|step| {
-            let Step::CreateCleanupPod { ordinal, .. } = step else {
-                return true;
-            };
-            let key = (set.namespace.clone(), naming::pod_name(&set.name, *ordinal));
-            if let Some(left) = self.recreate_wait(&key) {
-                // Created again and again (deleted by someone else before it ran, or attempts in
-                // quick succession): the next create waits, however often the set is woken.
-                retry_in = Some(retry_in.map_or(left, |r: Duration| r.min(left)));
-                return false;
-            }
-            if let Some(at) = created.get(&key) {
-                // Look again once it may be created again: the pod may be gone already (the
-                // StatefulSet controller deleting the ordinal's old pod by name can take it).
-                let left = CREATED_GRACE.saturating_sub(at.elapsed());
-                retry_in = Some(retry_in.map_or(left, |r: Duration| r.min(left)));
-                return false;
-            }
-            if free == 0 {
-                held_back = true;
-                return false;
-            }
-            free -= 1;
-            reserved.push(key.1.clone());
-            created.insert(key, Instant::now());
-            true
-        });
-        if held_back {
-            plan.requeue(decide::CAP_RECHECK);
+        let waits = names
+            .into_iter()
+            .filter_map(|name| {
+                let key = (set.namespace.clone(), name);
+                let cached_soon = || {
+                    created
+                        .get(&key)
+                        .map(|at| CREATED_GRACE.saturating_sub(at.elapsed()))
+                };
+                let left = self.recreate_wait(&key).or_else(cached_soon)?;
+                Some((key.1, left))
+            })
+            .collect();
+        let in_flight = match self.policy.max_in_flight {
+            Some(_) => self.cached_in_flight() + created.len(),
+            None => 0,
+        };
+        let admission = decide::Admission {
+            in_flight,
+            cap: self.policy.max_in_flight,
+            waits,
+        };
+        let (plan, admitted) = decide::admit(set, plan, &admission);
+        for name in &admitted {
+            created.insert((set.namespace.clone(), name.clone()), Instant::now());
         }
-        if let Some(after) = retry_in {
-            plan.requeue(after + Duration::from_millis(100));
-        }
-        (plan, reserved)
+        (plan, admitted)
     }
 
     /// Cancelled creations are no longer in flight, and may be created again.
@@ -453,35 +451,6 @@ impl Context {
         let left = recreate_delay(count.saturating_add(1)).saturating_sub(last.elapsed());
         (!left.is_zero()).then_some(left)
     }
-}
-
-/// The verdict on each pod in `pending` given a read of its set (`None`: the set is gone).
-fn verdicts_on(facts: Option<&SetFacts>, pending: &[Created]) -> Vec<(Created, Verdict)> {
-    pending
-        .iter()
-        .map(|c| {
-            let verdict = facts.map_or_else(
-                || Verdict::Cancel("the StatefulSet is gone".into()),
-                |f| decide::confirm_created(f, c.ordinal),
-            );
-            (c.clone(), verdict)
-        })
-        .collect()
-}
-
-/// The record entries of the pods that may run.
-fn runs_of(verdicts: &[(Created, Verdict)]) -> Vec<(u32, Record)> {
-    verdicts
-        .iter()
-        .filter(|(_, v)| *v == Verdict::Run)
-        .map(|(c, _)| {
-            let record = Record {
-                pod: c.uid.clone(),
-                claims: c.claims.clone(),
-            };
-            (c.ordinal, record)
-        })
-        .collect()
 }
 
 /// The claims, pods and cleanup pods of a namespace, read from the API server just now.
