@@ -25,7 +25,7 @@ use crate::pass::Runner;
 use crate::scaledown::act::{Actor, Created, Done};
 use crate::scaledown::decide::{self, Confirm, Plan, Policy, Step, Verdict, decide};
 use crate::scaledown::observe::{
-    self, Observed, Phase, PodFacts, PodRole, Record, Rejection, SetFacts, SetRead, Sources,
+    self, Observed, Phase, PodFacts, PodRole, Rejection, SetFacts, SetRead, Sources,
 };
 use crate::scaledown::watch::{self, Stores};
 

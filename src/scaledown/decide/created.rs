@@ -147,14 +147,15 @@ mod tests {
                 .map(|(n, s)| (n.to_string(), secs(*s)))
                 .collect()
         };
-        // (in flight, cap, waits) -> (admitted ordinals, requeue)
-        let cases: Vec<(
+        type Case = (
             usize,
             Option<usize>,
             BTreeMap<String, Duration>,
             Vec<u32>,
             Option<Duration>,
-        )> = vec![
+        );
+        // (in flight, cap, waits) -> (admitted ordinals, requeue)
+        let cases: Vec<Case> = vec![
             (0, None, waits(&[]), vec![3, 2, 1], None),
             (100, None, waits(&[]), vec![3, 2, 1], None),
             (0, Some(2), waits(&[]), vec![3, 2], Some(CAP_RECHECK)),
