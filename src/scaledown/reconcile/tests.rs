@@ -14,7 +14,7 @@ use crate::index::{Index, Keys};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::mock_api::{self, Answer, Log, Sent};
-use crate::scaledown::observe::format_records;
+use crate::scaledown::observe::{Record, format_records};
 use crate::scaledown::watch::PodCache;
 
 const SET_PATH: &str = "/apis/apps/v1/namespaces/ns/statefulsets/web";
