@@ -513,12 +513,8 @@ async fn a_pv_bound_again_after_the_read_is_left_alone() {
         .as_ref()
         .and_then(|s| s.claim_ref.as_ref())
         .and_then(|r| r.uid.clone());
-    let facts = releaser::observe::observe(
-        &stale,
-        None,
-        releaser::observe::ClaimRead::Gone,
-        releaser::observe::ScrubPod::Missing,
-    );
+    let facts =
+        releaser::observe::observe(&stale, None, releaser::observe::ClaimRead::Gone, None, None);
     // Meanwhile an administrator hands the PV to a new claim.
     let patch = serde_json::json!({"spec": {"claimRef": {"namespace": ns.name, "name": "new",
                                                         "uid": null, "resourceVersion": null}}});
