@@ -190,6 +190,9 @@ pub fn owner_patch(
 }
 
 #[cfg(test)]
+mod requests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
