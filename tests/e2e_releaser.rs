@@ -376,6 +376,121 @@ async fn assert_scrubs_reported(
     );
 }
 
+/// A class whose scrub template cannot make a pod: the PV is not taken over (no temporary claim,
+/// no record, its claimRef kept) and one Warning `ScrubBlocked` says why, however many passes
+/// look at it; once the template is fixed, the PV is scrubbed and released.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_scrub_that_cannot_run_is_reported_once_and_runs_once_fixed() {
+    let cluster = Cluster::connect().await;
+    let ns = cluster.namespace("blocked").await;
+    let pool = ns.create_static_pvs("broken", 1, Reclaim::Retain).await;
+    let id = ns.name.clone();
+    annotate_class(&cluster, &pool.class, &id).await;
+    set_scrub_template(&cluster, &pool.class, r#"{"spec":{"containers":[]}}"#).await;
+    let pv = pool.names[0].clone();
+    let pvs = Recorder::start(
+        Api::<PersistentVolume>::all(cluster.client.clone()),
+        kube::runtime::watcher::Config::default(),
+    )
+    .await;
+    let events = record_pv_events(&cluster).await;
+    let port = free_port();
+    let metrics = format!("--metrics-bind-address=127.0.0.1:{port}");
+    let args = [
+        "--disable-scaledown",
+        "--pv-releaser-id",
+        &id,
+        "--pv-scrub-namespace",
+        &ns.name,
+        &metrics,
+        "--health-probe-bind-address=0",
+    ];
+    let controller = Controller::spawn(&cluster.kubeconfig, &format!("{id}-blocked"), &args, &[]);
+    bind(&ns, "cache", &pv, &pool.class).await;
+    delete_claim(&ns, "cache").await;
+    let warning = events.wait_event(&pv, "ScrubBlocked", LONG).await;
+    assert_eq!(warning.type_.as_deref(), Some("Warning"));
+    assert!(
+        warning
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("the scrub template has no containers")),
+        "{warning:?}"
+    );
+
+    // More passes over the blocked PV: a change of its class wakes it. The marker that they ran:
+    // the controller's decisions about it.
+    let decided = || {
+        let looked = format!("pv={pv}");
+        controller
+            .log_text()
+            .lines()
+            .filter(|l| l.contains("decided") && l.contains(&looked) && l.contains("ScrubBlocked"))
+            .count()
+    };
+    let before = decided();
+    for (i, poke) in ["1", "2"].into_iter().enumerate() {
+        // One change at a time: changes that come while a pass is queued wake it only once.
+        poke_class(&cluster, &pool.class, poke).await;
+        wait_for(
+            "a pass over the blocked PV after a change of its class",
+            LONG,
+            || {
+                let seen = decided();
+                async move { seen > before + i }
+            },
+        )
+        .await;
+    }
+    let blocked = events.events(&pv, "ScrubBlocked");
+    assert_eq!(blocked.len(), 1, "{}", events.describe());
+    assert!(blocked[0].series.is_none(), "{}", events.describe());
+    let reported = support::metric_sum(
+        &scrape(port).await,
+        "scaledown_events_total",
+        &[("reason", "ScrubBlocked")],
+    );
+    assert_eq!(reported, 1.0, "one ScrubBlocked counted");
+    let released = pvs
+        .wait_for("the blocked PV Released", LONG, |s| {
+            s.name == pv && phase(&s.object) == "Released"
+        })
+        .await;
+    let touched = pvs.of(&pv).iter().filter(|s| s.at >= released.at).any(|s| {
+        scrub_state(&s.object).is_some()
+            || s.object
+                .spec
+                .as_ref()
+                .and_then(|sp| sp.claim_ref.as_ref())
+                .and_then(|r| r.name.as_deref())
+                != Some("cache")
+    });
+    assert!(!touched, "the blocked PV was written to");
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(cluster.client.clone(), &ns.name);
+    let temp = claims.get_opt(&format!("scrub-{pv}")).await.expect("get");
+    assert!(temp.is_none(), "no temporary claim for a blocked scrub");
+
+    // Fixed: the class change wakes the PV, and it is scrubbed, then released.
+    set_scrub_template(&cluster, &pool.class, &scrub_template("Succeeded")).await;
+    assert_scrubbed_then_released(&cluster, &pvs, &pv).await;
+}
+
+/// A change of StorageClass `class` that means nothing (an annotation of the test's own).
+async fn poke_class(cluster: &Cluster, class: &str, value: &str) {
+    let classes: Api<k8s_openapi::api::storage::v1::StorageClass> =
+        Api::all(cluster.client.clone());
+    let patch = serde_json::json!({"metadata": {"annotations": {"e2e.scaledown.io/poke": value}}});
+    classes
+        .patch(
+            class,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("poke the StorageClass");
+}
+
 /// A build pod on claim `claim`: runs until deleted.
 async fn consume(ns: &support::TestNamespace, pod: &str, claim: &str) {
     let spec: k8s_openapi::api::core::v1::Pod = support::from_json(serde_json::json!({
@@ -513,12 +628,8 @@ async fn a_pv_bound_again_after_the_read_is_left_alone() {
         .as_ref()
         .and_then(|s| s.claim_ref.as_ref())
         .and_then(|r| r.uid.clone());
-    let facts = releaser::observe::observe(
-        &stale,
-        None,
-        releaser::observe::ClaimRead::Gone,
-        releaser::observe::ScrubPod::Missing,
-    );
+    let facts =
+        releaser::observe::observe(&stale, None, releaser::observe::ClaimRead::Gone, None, None);
     // Meanwhile an administrator hands the PV to a new claim.
     let patch = serde_json::json!({"spec": {"claimRef": {"namespace": ns.name, "name": "new",
                                                         "uid": null, "resourceVersion": null}}});

@@ -162,6 +162,9 @@ pub fn owner_patch(
 }
 
 #[cfg(test)]
+mod requests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -1,5 +1,8 @@
-//! ACT: the releaser's one write. `spec.claimRef` is removed by a JSON patch whose first operation
-//! tests the claim's UID, so a PV bound to another claim meanwhile fails the test and is left alone.
+//! ACT: the releaser's writes, each the plan `decide` made. `spec.claimRef` is removed (or handed
+//! to a scrub's temporary claim) by a JSON patch whose first operation tests the claim's UID, so a
+//! PV bound to another claim meanwhile fails the test and is left alone; the scrub record moves by
+//! a patch that tests the state it moves from; deletions carry the object's UID as a precondition.
+//! A scrub that cannot run is reported (a Warning Event and a log line) once per PV and cause.
 
 use std::sync::Arc;
 
@@ -10,6 +13,7 @@ use kube::api::{
 };
 use tracing::{debug, info};
 
+use super::decide::{Blocked, Plan};
 use super::observe::{PvFacts, Scrub};
 use super::scrub;
 use crate::apijson;
@@ -39,6 +43,57 @@ impl Releaser {
             metrics,
             leadership,
         }
+    }
+
+    /// Carries out `plan` for `pv` (whose facts are `facts`).
+    pub async fn act(&self, pv: &PersistentVolume, facts: &PvFacts, plan: Plan) -> Result<()> {
+        match plan {
+            Plan::Skip(_) | Plan::ReadClaim => Ok(()),
+            Plan::ScrubBlocked(cause) => self.report_blocked(facts, cause).await,
+            Plan::Release { claim_uid } => self.release(facts, &claim_uid).await,
+            Plan::StartScrub {
+                claim_uid,
+                namespace,
+            } => self.start_scrub(pv, facts, &claim_uid, &namespace).await,
+            Plan::CreateScrubPod {
+                temp_uid,
+                namespace,
+                pod,
+            } => {
+                self.create_scrub_pod(facts, &temp_uid, &namespace, pod)
+                    .await
+            }
+            Plan::FinishScrub {
+                temp_uid,
+                failed,
+                namespace,
+                pod_uid,
+            } => {
+                let pod_uid = pod_uid.as_deref();
+                self.finish_scrub(facts, &temp_uid, failed, &namespace, pod_uid)
+                    .await
+            }
+            Plan::DeleteTemp {
+                temp_uid,
+                namespace,
+            } => self.delete_temp(facts, &temp_uid, &namespace).await,
+        }
+    }
+
+    /// A Warning Event and a log line saying why the scrub the class asks for cannot run, the
+    /// first time `facts`' PV is blocked by `cause`; nothing is written to the PV.
+    pub async fn report_blocked(&self, facts: &PvFacts, cause: Blocked) -> Result<()> {
+        if !self.leadership.may_write() {
+            return Err(Error::NotLeader);
+        }
+        let note = format!(
+            "PV {}: StorageClass {} asks for a scrub before release, but {cause}; the PV stays Released and untouched until that is fixed",
+            facts.name, facts.class
+        );
+        // Once per PV and cause: the reporter remembers what it reported.
+        let outcome = Outcome::new(Reason::ScrubBlocked, pv_ref(facts), note);
+        self.reporter.report(outcome.key(cause.to_string())).await;
+        Ok(())
     }
 
     /// Removes `pv`'s claimRef (and our scrub record) if it still names the claim with
@@ -112,46 +167,46 @@ impl Releaser {
         Ok(())
     }
 
-    /// Creates the scrub pod; a template or a pod the API server refuses fails the scrub.
-    pub async fn create_scrub_pod(&self, facts: &PvFacts, temp_uid: &str, ns: &str) -> Result<()> {
+    /// Creates the scrub pod `pod` in `ns`; a pod the API server refuses fails the scrub.
+    pub async fn create_scrub_pod(
+        &self,
+        facts: &PvFacts,
+        temp_uid: &str,
+        ns: &str,
+        pod: serde_json::Value,
+    ) -> Result<()> {
         if !self.may_write(facts, "create the scrub pod").await? {
             return Ok(());
         }
-        let template = facts.scrub_template.clone().unwrap_or_default();
-        let refusal = match scrub::pod(&template, &facts.name, ns) {
-            Err(why) => Some(format!("scrub template: {why}")),
-            Ok(pod) => {
-                let api: Api<DynamicObject> =
-                    Api::namespaced_with(self.client.clone(), ns, &ApiResource::erase::<Pod>(&()));
-                let object: DynamicObject =
-                    serde_json::from_value(pod).map_err(|source| Error::Encode {
-                        what: "scrub pod",
-                        source,
-                    })?;
-                match api.create(&PostParams::default(), &object).await {
-                    Ok(_) => None,
-                    Err(e) if is_status(&e, &[code::CONFLICT]) => None,
-                    Err(kube::Error::Api(s)) if code::refuses_create(s.code) => Some(format!(
-                        "the API server refused the scrub pod ({}): {}",
-                        s.code, s.message
-                    )),
-                    Err(e) => return Err(Error::kube("create scrub pod", &facts.name)(e)),
-                }
-            }
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), ns, &ApiResource::erase::<Pod>(&()));
+        let object: DynamicObject =
+            serde_json::from_value(pod).map_err(|source| Error::Encode {
+                what: "scrub pod",
+                source,
+            })?;
+        let refusal = match api.create(&PostParams::default(), &object).await {
+            Ok(_) => return Ok(()),
+            Err(e) if is_status(&e, &[code::CONFLICT]) => return Ok(()),
+            Err(kube::Error::Api(s)) if code::refuses_create(s.code) => format!(
+                "the API server refused the scrub pod ({}): {}",
+                s.code, s.message
+            ),
+            Err(e) => return Err(Error::kube("create scrub pod", &facts.name)(e)),
         };
-        match refusal {
-            None => Ok(()),
-            Some(why) => self.finish_scrub(facts, temp_uid, Some(why), ns).await,
-        }
+        self.finish_scrub(facts, temp_uid, Some(refusal), ns, None)
+            .await
     }
 
-    /// Records the scrub's outcome on the PV, then deletes the scrub pod and the temporary claim.
+    /// Records the scrub's outcome on the PV, then deletes the scrub pod (by `pod_uid`; none to
+    /// delete without one) and the temporary claim.
     pub async fn finish_scrub(
         &self,
         facts: &PvFacts,
         temp_uid: &str,
         failed: Option<String>,
         ns: &str,
+        pod_uid: Option<&str>,
     ) -> Result<()> {
         if !self.may_write(facts, "finish the scrub").await? {
             return Ok(());
@@ -184,11 +239,14 @@ impl Releaser {
         let outcome = Outcome::new(reason, pv_ref(facts), note);
         self.reporter.report(outcome.key(temp_uid.into())).await;
         let name = scrub::name(&facts.name);
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-        match pods.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(e) if is_status(&e, &[code::NOT_FOUND]) => {}
-            Err(e) => return Err(Error::kube("delete scrub pod", &name)(e)),
+        if let Some(uid) = pod_uid {
+            let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+            match pods.delete(&name, &by_uid(uid)).await {
+                Ok(_) => {}
+                // Gone, or replaced by another pod of that name (not ours to delete).
+                Err(e) if is_status(&e, &[code::NOT_FOUND, code::CONFLICT]) => {}
+                Err(e) => return Err(Error::kube("delete scrub pod", &name)(e)),
+            }
         }
         self.delete_temp(facts, temp_uid, ns).await
     }
@@ -248,16 +306,23 @@ fn pv_ref(pv: &PvFacts) -> ObjectReference {
     }
 }
 
-/// Deletes claim `name` if it still has `uid`; gone or replaced means done.
-async fn delete_claim(api: &Api<PersistentVolumeClaim>, name: &str, uid: &str) -> Result<()> {
-    let params = DeleteParams {
+#[cfg(test)]
+mod tests;
+
+/// A deletion of the object with `uid` only.
+fn by_uid(uid: &str) -> DeleteParams {
+    DeleteParams {
         preconditions: Some(Preconditions {
             uid: Some(uid.into()),
             resource_version: None,
         }),
         ..Default::default()
-    };
-    match api.delete(name, &params).await {
+    }
+}
+
+/// Deletes claim `name` if it still has `uid`; gone or replaced means done.
+async fn delete_claim(api: &Api<PersistentVolumeClaim>, name: &str, uid: &str) -> Result<()> {
+    match api.delete(name, &by_uid(uid)).await {
         Ok(_) => Ok(()),
         Err(e) if is_status(&e, &[code::NOT_FOUND, code::CONFLICT]) => Ok(()),
         Err(e) => Err(Error::kube("delete temporary claim", name)(e)),

@@ -9,8 +9,14 @@
 //! - with one, a temporary claim takes the PV over (the claimRef swap is guarded by the old
 //!   claim's UID), a scrub pod runs on it, and only after it Succeeded and the temporary claim is
 //!   gone is the PV released. A failed scrub leaves the PV Released for good (a Warning says why).
+//!
+//! A scrub that cannot run is a plan too, [`Plan::ScrubBlocked`], with its cause: a template that
+//! cannot make a pod (checked before the PV is taken over, so the PV stays Released and untouched
+//! until the class is fixed), or no scrub namespace for a step that needs one. A template that
+//! breaks while a scrub waits for its pod fails that scrub, as a failed pod would.
 
-use super::observe::{ClaimRead, PvFacts, Scrub, ScrubPod};
+use super::observe::{ClaimRead, PvFacts, Scrub, ScrubPod, ScrubTemplate};
+use super::scrub;
 
 /// What to do about one PV.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,18 +27,50 @@ pub enum Plan {
     ReadClaim,
     /// Remove `spec.claimRef` (and our scrub record), if it still names the claim with this UID.
     Release { claim_uid: String },
-    /// Create the temporary claim and hand the PV to it, if `claimRef` still names `claim_uid`.
-    StartScrub { claim_uid: String },
-    /// Create the scrub pod on the temporary claim with this UID.
-    CreateScrubPod { temp_uid: String },
-    /// Record the outcome (the pod succeeded, or failed with this reason), delete the pod and the
-    /// temporary claim.
+    /// Create the temporary claim in `namespace` and hand the PV to it, if `claimRef` still names
+    /// `claim_uid`.
+    StartScrub {
+        claim_uid: String,
+        namespace: String,
+    },
+    /// Create `pod` (the scrub pod, rendered) on the temporary claim with this UID in `namespace`.
+    CreateScrubPod {
+        temp_uid: String,
+        namespace: String,
+        pod: serde_json::Value,
+    },
+    /// Record the outcome (the pod succeeded, or failed with this reason), delete the pod (by its
+    /// UID, if there is one) and the temporary claim.
     FinishScrub {
         temp_uid: String,
         failed: Option<String>,
+        namespace: String,
+        pod_uid: Option<String>,
     },
     /// Delete the temporary claim (its scrub is over).
-    DeleteTemp { temp_uid: String },
+    DeleteTemp { temp_uid: String, namespace: String },
+    /// The class asks for a scrub that cannot run; nothing is written (reported once per cause).
+    ScrubBlocked(Blocked),
+}
+
+/// Why a scrub the class asks for cannot run.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Blocked {
+    /// The class's scrub template cannot make a pod (the parser's or the check's words).
+    InvalidTemplate(String),
+    /// No scrub namespace is known (`--pv-scrub-namespace`, or the controller's own namespace).
+    NoNamespace,
+}
+
+impl std::fmt::Display for Blocked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Blocked::InvalidTemplate(why) => write!(f, "its scrub template is invalid: {why}"),
+            Blocked::NoNamespace => {
+                f.write_str("no scrub namespace is known (--pv-scrub-namespace, or POD_NAMESPACE)")
+            }
+        }
+    }
 }
 
 /// Why a PV is left alone.
@@ -90,11 +128,25 @@ fn released(pv: &PvFacts) -> Plan {
         ClaimRead::Exists { uid } if *uid == claim.uid => Plan::Skip(Skip::ClaimExists),
         ClaimRead::Exists { .. } | ClaimRead::Gone => {
             let claim_uid = claim.uid.clone();
-            match pv.scrub_template {
-                Some(_) => Plan::StartScrub { claim_uid },
-                None => Plan::Release { claim_uid },
+            match &pv.scrub_template {
+                ScrubTemplate::Absent => Plan::Release { claim_uid },
+                ScrubTemplate::Invalid(why) => {
+                    Plan::ScrubBlocked(Blocked::InvalidTemplate(why.clone()))
+                }
+                ScrubTemplate::Pod(_) => in_scrub_ns(pv, |namespace| Plan::StartScrub {
+                    claim_uid,
+                    namespace,
+                }),
             }
         }
+    }
+}
+
+/// `plan` in the scrub namespace, or blocked without one.
+fn in_scrub_ns(pv: &PvFacts, plan: impl FnOnce(String) -> Plan) -> Plan {
+    match &pv.scrub_ns {
+        Some(ns) => plan(ns.clone()),
+        None => Plan::ScrubBlocked(Blocked::NoNamespace),
     }
 }
 
@@ -105,18 +157,38 @@ fn scrubbing(pv: &PvFacts, scrub: &Scrub) -> Plan {
         return Plan::Skip(Skip::Rebound);
     }
     let bound = pv.phase == "Bound";
+    let finish = |failed: Option<String>, pod_uid: Option<&String>| {
+        in_scrub_ns(pv, |namespace| Plan::FinishScrub {
+            temp_uid: temp_uid.clone(),
+            failed,
+            namespace,
+            pod_uid: pod_uid.cloned(),
+        })
+    };
     match (scrub, &pv.scrub_pod) {
-        (Scrub::Running(_), ScrubPod::Succeeded) => Plan::FinishScrub {
-            temp_uid,
-            failed: None,
+        (Scrub::Running(_), ScrubPod::Succeeded { uid }) => finish(None, Some(uid)),
+        (Scrub::Running(_), ScrubPod::Failed { uid, reason }) => {
+            finish(Some(reason.clone()), Some(uid))
+        }
+        (Scrub::Running(_), ScrubPod::Missing) if bound => match &pv.scrub_template {
+            ScrubTemplate::Pod(template) => in_scrub_ns(pv, |namespace| Plan::CreateScrubPod {
+                pod: scrub::render(template, &pv.name, &namespace),
+                temp_uid: temp_uid.clone(),
+                namespace,
+            }),
+            ScrubTemplate::Invalid(why) => finish(Some(format!("scrub template: {why}")), None),
+            ScrubTemplate::Absent => finish(
+                Some("the StorageClass no longer has a scrub template".into()),
+                None,
+            ),
         },
-        (Scrub::Running(_), ScrubPod::Failed(why)) => Plan::FinishScrub {
-            temp_uid,
-            failed: Some(why.clone()),
-        },
-        (Scrub::Running(_), ScrubPod::Missing) if bound => Plan::CreateScrubPod { temp_uid },
         (Scrub::Running(_), _) => Plan::Skip(Skip::Scrubbing),
-        (Scrub::Scrubbed(_) | Scrub::Failed(_), _) if bound => Plan::DeleteTemp { temp_uid },
+        (Scrub::Scrubbed(_) | Scrub::Failed(_), _) if bound => {
+            in_scrub_ns(pv, |namespace| Plan::DeleteTemp {
+                temp_uid: temp_uid.clone(),
+                namespace,
+            })
+        }
         (Scrub::Scrubbed(_), _) if pv.phase == "Released" => Plan::Release {
             claim_uid: temp_uid,
         },

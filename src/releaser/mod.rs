@@ -4,7 +4,7 @@
 //! `spec.claimRef` removed, so it is `Available` again, with its data, for the next claim.
 //!
 //! Same shape as the scale-down controller: watch (PVs and StorageClasses) → observe → decide (pure)
-//! → confirm (a live read of the claim) → act (the one guarded write) → report.
+//! → confirm (a live read of the claim) → act (the guarded writes of the plan) → report.
 
 pub mod act;
 pub mod decide;

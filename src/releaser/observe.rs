@@ -1,8 +1,13 @@
-//! OBSERVE: plain facts about one PersistentVolume, its StorageClass and the claim it names.
+//! OBSERVE: plain facts about one PersistentVolume, its StorageClass, the claim it names and its
+//! scrub pod. Pure: the StorageClass's scrub template is parsed and checked here, the scrub pod's
+//! phase classified; what follows from them is `decide`'s.
 
-use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
+use serde_json::Value;
+
+use super::scrub;
 
 /// StorageClass annotation naming the releaser that may release its PVs (plumber-cd's key).
 pub const CONTROLLER_ID_ANNOTATION: &str = "reclaimable-pv-releaser.kubernetes.io/controller-id";
@@ -56,12 +61,25 @@ impl Scrub {
 /// The scrub pod of a PV, as the scrub-pod cache shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ScrubPod {
+    /// None, or one being deleted before it finished.
     Missing,
     /// Pending or Running.
     Busy,
-    Succeeded,
+    /// Succeeded; the pod's UID (its deletion's precondition).
+    Succeeded { uid: String },
     /// Failed, with the reason to report.
-    Failed(String),
+    Failed { uid: String, reason: String },
+}
+
+/// The scrub its StorageClass asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScrubTemplate {
+    /// No scrub template (or an empty one): the PV is released without a scrub.
+    Absent,
+    /// A template that makes a scrub pod ([`scrub::check`]ed, not yet rendered for the PV).
+    Pod(Value),
+    /// A template that cannot make a scrub pod: why.
+    Invalid(String),
 }
 
 /// Facts about one PV.
@@ -81,8 +99,10 @@ pub struct PvFacts {
     pub deleting: bool,
     /// What a live read of the claim in `claim_ref` showed.
     pub claim: ClaimRead,
-    /// The scrub pod template of its StorageClass, if it has one.
-    pub scrub_template: Option<String>,
+    /// The scrub pod template of its StorageClass.
+    pub scrub_template: ScrubTemplate,
+    /// Where scrub pods and temporary claims live (`--pv-scrub-namespace`; `None`: not known).
+    pub scrub_ns: Option<String>,
     /// The scrub recorded on the PV.
     pub scrub: Option<Scrub>,
     pub scrub_pod: ScrubPod,
@@ -114,12 +134,14 @@ pub enum ClaimRead {
     Gone,
 }
 
-/// The facts of `pv`, with its StorageClass (if it exists), the claim read and its scrub pod.
+/// The facts of `pv`, with its StorageClass (if it exists), the claim read, its scrub pod from the
+/// cache and the scrub namespace.
 pub fn observe(
     pv: &PersistentVolume,
     class: Option<&StorageClass>,
     claim: ClaimRead,
-    scrub_pod: ScrubPod,
+    scrub_pod: Option<&Pod>,
+    scrub_ns: Option<&str>,
 ) -> PvFacts {
     let spec = pv.spec.as_ref();
     let claim_ref = spec.and_then(|s| s.claim_ref.as_ref()).map(|r| ClaimRef {
@@ -141,17 +163,53 @@ pub fn observe(
             .unwrap_or_default(),
         retain: spec.and_then(|s| s.persistent_volume_reclaim_policy.as_deref()) == Some("Retain"),
         class_id: class.and_then(|c| c.annotations().get(CONTROLLER_ID_ANNOTATION).cloned()),
-        scrub_template: class
-            .and_then(|c| c.annotations().get(SCRUB_TEMPLATE_ANNOTATION).cloned())
-            .filter(|t| !t.trim().is_empty()),
+        scrub_template: scrub_template(class),
+        scrub_ns: scrub_ns.filter(|ns| !ns.is_empty()).map(str::to_string),
         scrub: pv
             .annotations()
             .get(SCRUB_STATE_ANNOTATION)
             .and_then(|s| Scrub::parse(s)),
-        scrub_pod,
+        scrub_pod: scrub_pod_state(scrub_pod),
         class: class_name,
         claim_ref,
         deleting: pv.metadata.deletion_timestamp.is_some(),
         claim,
     }
 }
+
+/// The scrub template of `class`, parsed and checked.
+pub fn scrub_template(class: Option<&StorageClass>) -> ScrubTemplate {
+    let raw = class.and_then(|c| c.annotations().get(SCRUB_TEMPLATE_ANNOTATION));
+    match raw.filter(|t| !t.trim().is_empty()) {
+        None => ScrubTemplate::Absent,
+        Some(raw) => match scrub::check(raw) {
+            Ok(pod) => ScrubTemplate::Pod(pod),
+            Err(why) => ScrubTemplate::Invalid(why),
+        },
+    }
+}
+
+/// Where the scrub pod stands, from its phase: a pod that finished is Succeeded or Failed even
+/// while it is deleted; one deleted before it finished counts as missing.
+pub fn scrub_pod_state(pod: Option<&Pod>) -> ScrubPod {
+    let Some(pod) = pod else {
+        return ScrubPod::Missing;
+    };
+    let uid = pod.uid().unwrap_or_default();
+    let status = pod.status.as_ref();
+    match status.and_then(|s| s.phase.as_deref()) {
+        Some("Succeeded") => ScrubPod::Succeeded { uid },
+        Some("Failed") => ScrubPod::Failed {
+            uid,
+            reason: status
+                .and_then(|s| s.reason.clone())
+                .filter(|r| !r.is_empty())
+                .unwrap_or_else(|| "Failed".into()),
+        },
+        _ if pod.metadata.deletion_timestamp.is_some() => ScrubPod::Missing,
+        _ => ScrubPod::Busy,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,5 +1,5 @@
 //! One pass over one PV, in a straight line: observe (caches) → decide → confirm (a live read of
-//! the claim it names, decide again) → act (the guarded release).
+//! the claim it names, decide again) → act (the plan's guarded writes, or its report).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,11 +10,11 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::act::Releaser;
 use super::decide::{Plan, decide};
-use super::observe::{ClaimRead, ClaimRef, PvFacts, ScrubPod, observe};
+use super::observe::{ClaimRead, ClaimRef, observe};
 use super::scrub;
 use crate::error::{Error, Result};
 use crate::leader::Leadership;
@@ -72,65 +72,25 @@ impl Context {
             .and_then(|s| s.storage_class_name.as_deref())
             .and_then(|name| self.classes.get(&ObjectRef::new(name)));
         let pod = self.scrub_pod(&pv.name_any());
-        let mut facts = observe(pv, class.as_deref(), ClaimRead::NotRead, pod.clone());
+        let ns = self.scrub_ns.as_deref();
+        let mut facts = observe(pv, class.as_deref(), ClaimRead::NotRead, pod.as_deref(), ns);
         let mut plan = decide(&facts, &self.id);
         if plan == Plan::ReadClaim {
-            let read = match facts.claim_ref.as_ref() {
-                Some(claim) => self.read_claim(claim).await?,
-                None => ClaimRead::NotRead,
-            };
-            facts = observe(pv, class.as_deref(), read, pod);
+            if let Some(claim) = facts.claim_ref.as_ref() {
+                facts.claim = self.read_claim(claim).await?;
+            }
             plan = decide(&facts, &self.id);
         }
         debug!(pv = %facts.name, ?plan, "decided");
-        self.act(pv, &facts, plan).await?;
+        self.releaser.act(pv, &facts, plan).await?;
         Ok(Action::requeue(RESYNC))
     }
 
-    async fn act(&self, pv: &PersistentVolume, facts: &PvFacts, plan: Plan) -> Result<()> {
-        let needs_ns = !matches!(plan, Plan::Skip(_) | Plan::ReadClaim | Plan::Release { .. });
-        let ns = self.scrub_ns.as_deref().unwrap_or_default();
-        if needs_ns && ns.is_empty() {
-            warn!(pv = %facts.name, "the StorageClass asks for a scrub, but no --pv-scrub-namespace is known (POD_NAMESPACE); left alone");
-            return Ok(());
-        }
-        let writer = &self.releaser;
-        match plan {
-            Plan::Skip(_) | Plan::ReadClaim => Ok(()),
-            Plan::Release { claim_uid } => writer.release(facts, &claim_uid).await,
-            Plan::StartScrub { claim_uid } => writer.start_scrub(pv, facts, &claim_uid, ns).await,
-            Plan::CreateScrubPod { temp_uid } => {
-                writer.create_scrub_pod(facts, &temp_uid, ns).await
-            }
-            Plan::FinishScrub { temp_uid, failed } => {
-                writer.finish_scrub(facts, &temp_uid, failed, ns).await
-            }
-            Plan::DeleteTemp { temp_uid } => writer.delete_temp(facts, &temp_uid, ns).await,
-        }
-    }
-
-    /// The scrub pod of `pv`, as the scrub-pod cache shows it.
-    fn scrub_pod(&self, pv: &str) -> ScrubPod {
-        let Some(ns) = self.scrub_ns.as_deref() else {
-            return ScrubPod::Missing;
-        };
-        let Some(pod) = self
-            .scrub_pods
+    /// The scrub pod of `pv` in the scrub-pod cache.
+    fn scrub_pod(&self, pv: &str) -> Option<Arc<Pod>> {
+        let ns = self.scrub_ns.as_deref()?;
+        self.scrub_pods
             .get(&ObjectRef::new(&scrub::name(pv)).within(ns))
-        else {
-            return ScrubPod::Missing;
-        };
-        let status = pod.status.as_ref();
-        match status.and_then(|s| s.phase.as_deref()) {
-            Some("Succeeded") => ScrubPod::Succeeded,
-            Some("Failed") => ScrubPod::Failed(
-                status
-                    .and_then(|s| s.reason.clone())
-                    .unwrap_or_else(|| "Failed".into()),
-            ),
-            _ if pod.metadata.deletion_timestamp.is_some() => ScrubPod::Missing,
-            _ => ScrubPod::Busy,
-        }
     }
 
     async fn read_claim(&self, claim: &ClaimRef) -> Result<ClaimRead> {

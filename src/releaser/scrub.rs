@@ -37,15 +37,15 @@ pub fn temp_claim(pv: &PersistentVolume, namespace: &str) -> Value {
     })
 }
 
-/// The scrub pod from `template` (under the template parser's budgets): the template's pod with
-/// our name, namespace, label and annotation, restartPolicy `Never` unless it sets one, and the
-/// temporary claim mounted as volume `data`.
-pub fn pod(template: &str, pv: &str, namespace: &str) -> Result<Value, String> {
-    let Value::Object(mut pod) = decode::decode(template).map_err(|e| e.to_string())? else {
+/// The scrub template checked (under the template parser's budgets): JSON or YAML of a pod with
+/// containers that does not define volume `data`. The error says why it cannot make a scrub pod.
+pub fn check(template: &str) -> Result<Value, String> {
+    let pod = decode::decode(template).map_err(|e| e.to_string())?;
+    if !pod.is_object() {
         return Err("the scrub template is not a pod".into());
-    };
+    }
     let typed: k8s_openapi::api::core::v1::Pod =
-        serde_json::from_value(Value::Object(pod.clone())).map_err(|e| e.to_string())?;
+        serde_json::from_value(pod.clone()).map_err(|e| e.to_string())?;
     let spec = typed.spec.ok_or("the scrub template has no spec")?;
     if spec.containers.is_empty() {
         return Err("the scrub template has no containers".into());
@@ -53,6 +53,17 @@ pub fn pod(template: &str, pv: &str, namespace: &str) -> Result<Value, String> {
     if spec.volumes.iter().flatten().any(|v| v.name == "data") {
         return Err("the scrub template must not define volume `data` (it is the PV)".into());
     }
+    Ok(pod)
+}
+
+/// The scrub pod of `pv` from a template that passed [`check`]: the template's pod with our name,
+/// namespace, label and annotation, restartPolicy `Never` unless it sets one, and the temporary
+/// claim mounted as volume `data`.
+pub fn render(template: &Value, pv: &str, namespace: &str) -> Value {
+    let mut pod = match template {
+        Value::Object(map) => map.clone(),
+        _ => Map::new(),
+    };
     let meta = object(&mut pod, "metadata");
     meta.insert("name".into(), json!(name(pv)));
     meta.insert("namespace".into(), json!(namespace));
@@ -61,10 +72,13 @@ pub fn pod(template: &str, pv: &str, namespace: &str) -> Result<Value, String> {
     let spec = object(&mut pod, "spec");
     spec.entry("restartPolicy").or_insert(json!("Never"));
     let volumes = spec.entry("volumes").or_insert(json!([]));
+    if !volumes.is_array() {
+        *volumes = json!([]);
+    }
     if let Value::Array(list) = volumes {
         list.push(json!({"name": "data", "persistentVolumeClaim": {"claimName": name(pv)}}));
     }
-    Ok(Value::Object(pod))
+    Value::Object(pod)
 }
 
 /// `map[key]` as an object, made one if it is missing or not an object.
@@ -135,7 +149,7 @@ mod tests {
         let template = r#"{"metadata":{"labels":{"app":"wipe"}},
             "spec":{"containers":[{"name":"wipe","image":"busybox",
                     "volumeMounts":[{"name":"data","mountPath":"/data"}]}]}}"#;
-        let p = pod(template, "pv-1", "ops").expect("renders");
+        let p = render(&check(template).expect("a pod"), "pv-1", "ops");
         assert_eq!(p["metadata"]["name"], "scrub-pv-1");
         assert_eq!(p["metadata"]["namespace"], "ops");
         assert_eq!(p["metadata"]["labels"]["app"], "wipe");
@@ -147,9 +161,11 @@ mod tests {
             "scrub-pv-1"
         );
         let clash = r#"{"spec":{"containers":[{"name":"a","image":"b"}],"volumes":[{"name":"data","emptyDir":{}}]}}"#;
-        assert!(pod(clash, "pv-1", "ops").is_err());
-        assert!(pod(r#"{"spec":{"containers":[]}}"#, "pv-1", "ops").is_err());
-        assert!(pod("[1, 2]", "pv-1", "ops").is_err());
+        assert!(check(clash).is_err());
+        assert!(check(r#"{"spec":{"containers":[]}}"#).is_err());
+        assert!(check("[1, 2]").is_err());
+        assert!(check("{").is_err());
+        assert!(check(r#"{"metadata":{}}"#).is_err(), "no spec");
     }
 
     #[test]
