@@ -5,9 +5,9 @@
 //! any other pod named after an ordinal (it holds the name: [`crate::scaledown::observe`] calls it
 //! foreign). Only the first two need more than a name. Most pods of a cluster are of the third kind
 //! (Deployments, Jobs, DaemonSets without claims), so those are kept as a name, a UID and a
-//! deletion mark under their namespace ([`Named`]: about 0.15 KiB each, where a `PartialObjectMeta`
-//! took about 0.6 KiB and a pruned `Pod` about 3 KiB), and rebuilt as a bare `Pod` only when a pass
-//! asks for the pods named after its set.
+//! deletion mark under their namespace ([`Named`]: about 0.12 KiB each, where a
+//! `PartialObjectMeta` took about 0.55 KiB and a pruned `Pod` 3 KiB or more), and rebuilt as a bare
+//! `Pod` only when a pass asks for the pods named after its set.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
