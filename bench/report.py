@@ -23,7 +23,7 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 PLOTS = os.path.join(ROOT, "bench", "plots")
 MARKDOWN = os.path.join(ROOT, "BENCHMARKS.md")
 
-SCENARIOS = ["single", "sets20", "sets500", "corpus", "idle"]
+SCENARIOS = ["single", "sets20", "sets500", "corpus", "idle", "podbound"]
 # kube-controller-manager work queues on the path of a scale-down's claims.
 QUEUES = ["statefulset", "garbage_collector_attempt_to_delete", "pvcprotection"]
 NOTES = os.path.join(ROOT, "bench", "notes.md")
@@ -34,6 +34,13 @@ TITLES = {
     "corpus": "100 sets of 2 → 1 at once, each with its own shell-heavy cleanup template "
               "(`&&`, `||`, `|`, `<`, `>`, `2>&1`, here-docs, non-ASCII, U+2028, CRLF, YAML block scalars)",
     "idle": "idle: background pods and annotated sets, nothing changes",
+    "podbound": "claims bound to pods (`--pod-bound-claims`): claims and their pods created among background pods, "
+                "then the pods deleted",
+}
+# Latencies of the podbound rounds: (round, key in latency_ms, label).
+PODBOUND_LATENCIES = {
+    "bind": ("pod_created_to_owner_added", "pod created → ownerReference on its claim"),
+    "delete": ("pod_gone_to_claim_gone", "pod gone → claim gone"),
 }
 # (key, label, from event, to event)
 LATENCIES = [
@@ -78,7 +85,7 @@ def phase(run, mode):
 
 
 def ordinals(p):
-    return [o for r in (p or {}).get("rounds", []) for o in r["ordinals"]]
+    return [o for r in (p or {}).get("rounds", []) for o in r.get("ordinals", [])]
 
 
 def event(o, key):
@@ -138,7 +145,7 @@ def pod_creates(requests):
 
 def all_done_ms(p):
     rounds = (p or {}).get("rounds", [])
-    return max((r["all_done_ms"] for r in rounds), default=None)
+    return max((r["all_done_ms"] for r in rounds if "all_done_ms" in r), default=None)
 
 
 def complete(p):
@@ -153,7 +160,7 @@ def commit_of(run):
 def cleanup_stats(p):
     """The cleanup pods of a controller phase over all its rounds. Runs before the audit log was
     read (no `cleanup_pods` per round) have None for what only it tells."""
-    if not p or not p.get("rounds"):
+    if not p or not p.get("rounds") or not ordinals(p):
         return None
     ords = ordinals(p)
     counts = [o.get("cleanup_pods", 0) for o in ords]
@@ -394,6 +401,38 @@ def idle_section(run):
     ] + control_plane_lines(run)
 
 
+def podbound_section(run, before):
+    out = ["| Run | Round | Claims | Latency | p50 | p90 | p99 | max | Passes | Requests besides watches | "
+           "per pass | per claim | CPU |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for label, r in (("latest", run), ("before", before)):
+        p = phase(r, "controller") if r else None
+        for rnd in (p or {}).get("rounds", []):
+            key, name = PODBOUND_LATENCIES.get(rnd["name"], (None, rnd["name"]))
+            lat = rnd.get("latency_ms", {}).get(key) or {}
+            req = rnd["requests"]
+            out.append(f"| {label} `{commit_of(r)}` | {rnd['name']} | {rnd['claims']} | {name} | "
+                       f"{ms_unit(lat.get('p50'))} | {ms_unit(lat.get('p90'))} | {ms_unit(lat.get('p99'))} | "
+                       f"{ms_unit(lat.get('max'))} | {num(rnd.get('passes'), 0)} | "
+                       f"{int(req['non_watch_total'])} ({requests_line(req)}) | {num(rnd.get('requests_per_pass'), 2)} | "
+                       f"{num(rnd.get('requests_per_claim'), 2)} | {num(rnd.get('cpu_s'), 2)} s |")
+    p = phase(run, "controller")
+    c = p["controller"]
+    rss = c["rss_mib"]
+    by_key = ", ".join(f"{k} {int(v)}" for k, v in sorted(p["rounds"][0]["requests"]["by_verb_resource_code"].items()))
+    out += [
+        "",
+        f"- Controller (`--pod-bound-claims`{' ' + ' '.join(run['controller_args']) if run['controller_args'] else ''}): "
+        f"ready {c['start_to_ready_ms']} ms after start; RSS {num(rss['at_window_start'])} MiB before the bind round, "
+        f"peak {num(rss['peak_in_window'])} MiB, {num(rss['after'])} MiB after the delete round; "
+        f"CPU {num(c['cpu_s']['since_start'], 2)} s since start.",
+        f"- Requests of the bind round by verb, resource and code: {by_key or 'none'}.",
+    ]
+    if not complete(p):
+        out.append("- **Incomplete**: a wait timed out (see the JSON).")
+    return out
+
+
 def targets(runs):
     def p99(scenario, start, end):
         r = latest(runs, scenario)
@@ -494,6 +533,9 @@ def markdown(runs):
         if s == "idle":
             out += idle_section(r) + [""]
             continue
+        if s == "podbound":
+            out += podbound_section(r, baseline(runs, s, r)) + [""]
+            continue
         before = baseline(runs, s, r)
         out += latency_table(r, before) + [""]
         cleanup = cleanup_table(r, before)
@@ -585,7 +627,7 @@ def plots(runs):
 
     os.makedirs(PLOTS, exist_ok=True)
     for s in SCENARIOS:
-        if s != "idle" and latest(runs, s):
+        if s not in ("idle", "podbound") and latest(runs, s):
             plot_latencies(plt, runs, s)
     if runs:
         plot_memory(plt, runs)

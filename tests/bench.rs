@@ -9,7 +9,11 @@
 //!   `--corpus 1` gives any scale-down scenario those templates). Not in `make bench`'s default
 //!   list: `make bench SCENARIO=corpus`;
 //! - `idle`: 10,000 background pods in 20 namespaces and 1,000 annotated sets of one pod in 10
-//!   namespaces; the controller starts on that and then sits idle.
+//!   namespaces; the controller starts on that and then sits idle;
+//! - `podbound`: claims bound to pods (`--pod-bound-claims`, `bench/podbound.rs`): 1,000 annotated
+//!   claims and their pods created among 9,000 background pods in 10 namespaces, then the pods
+//!   deleted; per round the controller's requests and passes, pod created → owner added on its
+//!   claim, pod gone → claim gone. Not in `make bench`'s default list: `make bench SCENARIO=podbound`.
 //!
 //! The scale-down scenarios run twice: with the controller (`controller`), and with Kubernetes
 //! deleting the claims itself (`native`: `persistentVolumeClaimRetentionPolicy.whenScaled:
@@ -29,7 +33,7 @@
 //! controller watches only the phase's namespace (`--namespace`), so it neither acts on their sets
 //! nor they on its; the result records that (`phases[].cluster`).
 //!
-//! Arguments: `--scenario NAME --seed N [--sets N --replicas N --to N --rounds N --pods N
+//! Arguments: `--scenario NAME --seed N [--sets N --claims N --replicas N --to N --rounds N --pods N
 //! --pod-namespaces N --set-namespaces N --idle-seconds N --cleanup-seconds X --timeout SECS
 //! --corpus 0|1 --modes controller,native --controller-arg FLAG ... --out DIR]`, or `--self-test`.
 
@@ -41,6 +45,8 @@ mod audit;
 mod corpus;
 #[path = "bench/idle.rs"]
 mod idle;
+#[path = "bench/podbound.rs"]
+mod podbound;
 #[path = "bench/probe.rs"]
 mod probe;
 #[path = "bench/scaledown.rs"]
@@ -61,9 +67,9 @@ use serde_json::{Value, json};
 
 use scaledown::Mode;
 
-/// The scenarios. `make bench` runs all but `corpus` by default (the Makefile's list), in this
-/// order; `make bench SCENARIO=corpus` runs that one.
-const SCENARIOS: [&str; 5] = ["single", "sets20", "sets500", "corpus", "idle"];
+/// The scenarios. `make bench` runs all but `corpus` and `podbound` by default (the Makefile's
+/// list), in this order; `make bench SCENARIO=corpus` runs that one.
+const SCENARIOS: [&str; 6] = ["single", "sets20", "sets500", "corpus", "idle", "podbound"];
 
 struct Options {
     scenario: String,
@@ -111,13 +117,19 @@ fn preset(scenario: &str) -> Option<Vec<(&'static str, &'static str)>> {
             ("set-namespaces", "10"),
             ("idle-seconds", "90"),
         ],
+        "podbound" => &[
+            ("claims", "1000"),
+            ("pods", "10000"),
+            ("pod-namespaces", "10"),
+        ],
         _ => return None,
     };
     Some(common.iter().chain(own).copied().collect())
 }
 
-const PARAMETERS: [&str; 12] = [
+const PARAMETERS: [&str; 13] = [
     "sets",
+    "claims",
     "replicas",
     "to",
     "rounds",
@@ -285,6 +297,14 @@ async fn run(o: &Options) -> Value {
             timeout: o.timeout(),
         };
         phases.push(idle::run(&p, o.seed, &o.controller_args).await);
+    } else if o.scenario == "podbound" {
+        let p = podbound::Params {
+            claims: o.count("claims"),
+            pods: o.count("pods"),
+            namespaces: o.count("pod-namespaces"),
+            timeout: o.timeout(),
+        };
+        phases.push(podbound::run(&p, o.seed, &o.controller_args).await);
     } else {
         let p = scaledown::Params {
             sets: o.count("sets"),

@@ -23,7 +23,7 @@ use crate::index::{Index, Keys};
 use crate::naming;
 
 mod pods;
-pub use pods::{NamedPod, PodCache, needs_spec};
+pub use pods::{PodCache, needs_spec};
 
 /// The caches, shared by the controller and the HTTP readiness probe.
 #[derive(Clone)]

@@ -28,7 +28,7 @@ pub struct Params {
     pub timeout: Duration,
 }
 
-const BACKGROUND: &str = "bench.scaledown.io/background";
+pub const BACKGROUND: &str = "bench.scaledown.io/background";
 
 pub async fn run(p: &Params, seed: u64, controller_args: &[String]) -> Value {
     let cluster = Cluster::connect().await;
@@ -131,7 +131,7 @@ async fn populate(
 
 /// A background pod bound to a fake node, of a seeded shape (labels, annotations, env,
 /// containers): something like the pods of a real cluster, which the controller must watch.
-fn background_pod(i: usize, namespace: &str, rng: &mut Rng) -> Pod {
+pub fn background_pod(i: usize, namespace: &str, rng: &mut Rng) -> Pod {
     let labels: serde_json::Map<String, Value> = (0..2 + rng.below(5))
         .map(|k| {
             (
