@@ -9,11 +9,11 @@ use kube::runtime::watcher::Event;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::caches::PodCache;
 use crate::index::{Index, Keys};
 use crate::leader::Leadership;
 use crate::mock_api::{self, Answer, Log, Sent};
 use crate::scaledown::observe::format_records;
-use crate::scaledown::watch::PodCache;
 
 const SET_PATH: &str = "/apis/apps/v1/namespaces/ns/statefulsets/web";
 const CLAIMS: &str = "/api/v1/namespaces/ns/persistentvolumeclaims";

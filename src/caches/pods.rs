@@ -2,11 +2,15 @@
 //!
 //! Observe reads three kinds of pod: the pods that mount a claim (a claim in use is never
 //! deleted), the pods of StatefulSets and the pods that look like cleanup pods (their roles), and
-//! any other pod named after an ordinal (it holds the name: [`crate::scaledown::observe`] calls it
+//! any other pod named after an ordinal (it holds the name: `crate::scaledown::observe` calls it
 //! foreign). Only the first two need more than a name. Most pods of a cluster are of the third kind
 //! (Deployments, Jobs, DaemonSets without claims), so those are kept as a name, a UID and a
 //! deletion mark (about 0.5 KiB each instead of about 3 KiB for a pruned `Pod`), and rebuilt as a
 //! bare `Pod` only when a pass asks for the pods named after its set.
+//!
+//! Pod-bound claims (`crate::podbound`) read no more: the pod a claim names (its UID, and whether a
+//! StatefulSet owns it: such a pod is kept in full) and the pods that mount the claim (kept in full,
+//! with their phase).
 
 use std::sync::Arc;
 
@@ -65,6 +69,14 @@ fn named(pod: &Pod) -> NamedPod {
     }
 }
 
+/// A pod kept by name, as a `Pod` with only that metadata.
+fn bare(pod: Arc<NamedPod>) -> Arc<Pod> {
+    Arc::new(Pod {
+        metadata: pod.metadata.clone(),
+        ..Default::default()
+    })
+}
+
 impl PodCache {
     /// Applies one event of the pod watcher, sorting each pod into its form.
     pub fn apply(&self, event: &Event<Pod>) {
@@ -97,17 +109,17 @@ impl PodCache {
     /// The pods of `ns` whose names start with `prefix`: the named ones as bare pods (name, UID,
     /// deletion mark).
     pub fn prefixed(&self, ns: &str, prefix: &str) -> Vec<Arc<Pod>> {
-        let bare = self.named.prefixed(ns, prefix).into_iter().map(|p| {
-            Arc::new(Pod {
-                metadata: p.metadata.clone(),
-                ..Default::default()
-            })
-        });
+        let bare = self.named.prefixed(ns, prefix).into_iter().map(bare);
         self.full
             .prefixed(ns, prefix)
             .into_iter()
             .chain(bare)
             .collect()
+    }
+
+    /// The pod `name` of `ns`: in full, or bare (name, UID, deletion mark) if it is kept by name.
+    pub fn get(&self, ns: &str, name: &str) -> Option<Arc<Pod>> {
+        (self.full.get(ns, name)).or_else(|| self.named.get(ns, name).map(bare))
     }
 
     /// The pods of `ns` that mount the claim `claim`.
@@ -192,6 +204,21 @@ mod tests {
         let bare = &pods[2];
         assert_eq!(bare.uid().as_deref(), Some("u-web-2"));
         assert!(bare.spec.is_none() && bare.labels().is_empty());
+        let got = |name: &str| {
+            let pod = cache.get("ns", name)?;
+            Some((pod.uid(), !pod.owner_references().is_empty()))
+        };
+        assert_eq!(
+            got("web-0"),
+            Some((Some("s0".into()), true)),
+            "kept in full"
+        );
+        assert_eq!(
+            got("web-2"),
+            Some((Some("u-web-2".into()), false)),
+            "kept by name"
+        );
+        assert_eq!(got("web-9"), None);
     }
 
     #[test]
