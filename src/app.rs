@@ -194,7 +194,9 @@ fn with_scaledown(
     built
         .synced
         .push(async move { stores.ready().await.is_ok() }.boxed());
-    built.idle.push(async move { ctx.idle().await }.boxed());
+    built
+        .idle
+        .push(async move { ctx.runner.idle().await }.boxed());
     controller.boxed()
 }
 
@@ -213,7 +215,9 @@ fn with_podbound(
     );
     let woken = leader::became_leader(wired.leadership.subscribe());
     let controller = podbound::controller(caches, ctx.clone(), woken, wired.stop);
-    built.idle.push(async move { ctx.idle().await }.boxed());
+    built
+        .idle
+        .push(async move { ctx.runner.idle().await }.boxed());
     controller.boxed()
 }
 
@@ -244,6 +248,8 @@ fn with_releaser(wired: &Wiring, id: &str, built: &mut Controllers) -> BoxFuture
         }
         .boxed(),
     );
-    built.idle.push(async move { ctx.idle().await }.boxed());
+    built
+        .idle
+        .push(async move { ctx.runner.idle().await }.boxed());
     controller.boxed()
 }

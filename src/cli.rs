@@ -47,8 +47,8 @@ pub struct Args {
     #[arg(long, env = "POD_NAME", hide = true)]
     pub pod_name: Option<String>,
 
-    /// Log what would be done, and write nothing else; the scale-down controller also reports it
-    /// as Events `DryRun` on the StatefulSet (the companions only log it).
+    /// Write nothing but Events: every write a controller would make is reported as an Event
+    /// `DryRun` on the object it concerns, with a log line and a count.
     #[arg(long)]
     pub dry_run: bool,
 

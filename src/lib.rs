@@ -11,7 +11,8 @@
 //! observe, decide, act and reconcile, its pass context and its Controller, and the scrape-time
 //! gauges of its caches. What they share sits beside them: the shared watches of StatefulSets,
 //! claims and pods (`caches`, on the indexed caches of `index`, restored after errors by
-//! `resuming`), the wiring (`app`, and nothing else), flags (`cli`) and their checks (`settings`),
+//! `resuming`), the pass runner and the reporter of every controller (`pass`, `report`), the
+//! wiring (`app`, and nothing else), flags (`cli`) and their checks (`settings`),
 //! logs (`telemetry`), signals and the bounded shutdown (`shutdown`), leader election (`leader`),
 //! HTTP (`http`), metrics (`metrics`, `api_metrics`, `process`), outcomes (`reason`), errors
 //! (`error`), compatibility strings (`naming`), JSON patches (`apijson`), pod templates
@@ -28,11 +29,13 @@ pub mod index;
 pub mod leader;
 pub mod metrics;
 pub mod naming;
+pub mod pass;
 pub mod plugin;
 pub mod podbound;
 pub mod process;
 pub mod reason;
 pub mod releaser;
+pub mod report;
 pub mod resuming;
 pub mod scaledown;
 pub mod settings;

@@ -8,11 +8,25 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::pass::Controller;
+
 /// Prefix of every metric name.
 pub const PREFIX: &str = "scaledown";
 
+/// Buckets of the pass duration histogram: 1 ms doubling to 8 s.
+fn pass_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 14))
+}
+
+/// The controller a pass belongs to (`pass::Controller`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabels {
+    pub controller: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
+    pub controller: &'static str,
     pub category: &'static str,
 }
 
@@ -37,9 +51,9 @@ pub struct Metrics {
     cleanups_failed: Counter,
     cleanups_given_up: Counter,
     claims_deleted: Counter,
-    reconciles: Counter,
+    reconciles: Family<ControllerLabels, Counter>,
     reconcile_errors: Family<ErrorLabels, Counter>,
-    reconcile_duration: Histogram,
+    reconcile_duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
     cleanup_duration: Histogram,
     leader: Gauge,
     events: Family<EventLabels, Counter>,
@@ -56,9 +70,9 @@ impl Default for Metrics {
             cleanups_failed: Counter::default(),
             cleanups_given_up: Counter::default(),
             claims_deleted: Counter::default(),
-            reconciles: Counter::default(),
+            reconciles: Family::default(),
             reconcile_errors: Family::default(),
-            reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            reconcile_duration: Family::new_with_constructor(pass_buckets),
             cleanup_duration: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
             leader: Gauge::default(),
             events: Family::default(),
@@ -67,12 +81,18 @@ impl Default for Metrics {
         m.register(&mut registry);
         // Every label value of the bounded families exists from the start at 0: the families
         // render before their first sample, and `rate()` sees the first increment.
-        for category in crate::error::Category::ALL {
-            m.reconcile_errors
-                .get_or_create(&ErrorLabels {
-                    category: category.as_str(),
-                })
-                .inc_by(0);
+        for controller in Controller::ALL.map(Controller::as_str) {
+            let labels = ControllerLabels { controller };
+            m.reconciles.get_or_create(&labels).inc_by(0);
+            drop(m.reconcile_duration.get_or_create(&labels));
+            for category in crate::error::Category::ALL {
+                let category = category.as_str();
+                let labels = ErrorLabels {
+                    controller,
+                    category,
+                };
+                m.reconcile_errors.get_or_create(&labels).inc_by(0);
+            }
         }
         for outcome in ["succeeded", "failed"] {
             m.pv_scrubs
@@ -136,17 +156,17 @@ impl Metrics {
     fn register_controller(&self, registry: &mut Registry) {
         registry.register(
             "reconciles",
-            "Reconciles: StatefulSets, and the companions' PersistentVolumes and claims",
+            "Passes over one object, by controller (scaledown: StatefulSets; pv-releaser: PersistentVolumes; pod-bound: claims)",
             self.reconciles.clone(),
         );
         registry.register(
             "reconcile_errors",
-            "Failed reconciles by error category",
+            "Failed passes by controller and error category",
             self.reconcile_errors.clone(),
         );
         registry.register(
             "reconcile_duration_seconds",
-            "Time spent in one reconcile",
+            "Time spent in one pass, by controller",
             self.reconcile_duration.clone(),
         );
         registry.register(
@@ -224,15 +244,26 @@ impl Metrics {
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
     }
-    pub fn reconciled(&self, seconds: f64, error: Option<crate::error::Category>) {
-        self.reconciles.inc();
-        self.reconcile_duration.observe(seconds);
+    /// One pass of `controller` took `seconds`, and failed with `error` if it did.
+    pub fn reconciled(
+        &self,
+        controller: Controller,
+        seconds: f64,
+        error: Option<crate::error::Category>,
+    ) {
+        let controller = controller.as_str();
+        let labels = ControllerLabels { controller };
+        self.reconciles.get_or_create(&labels).inc();
+        self.reconcile_duration
+            .get_or_create(&labels)
+            .observe(seconds);
         if let Some(category) = error {
-            self.reconcile_errors
-                .get_or_create(&ErrorLabels {
-                    category: category.as_str(),
-                })
-                .inc();
+            let category = category.as_str();
+            let labels = ErrorLabels {
+                controller,
+                category,
+            };
+            self.reconcile_errors.get_or_create(&labels).inc();
         }
     }
 
@@ -354,12 +385,16 @@ mod tests {
     #[test]
     fn bounded_label_values_start_at_zero() {
         let text = Metrics::default().encode();
-        for category in crate::error::Category::ALL {
-            let line = format!(
-                "scaledown_reconcile_errors_total{{category=\"{}\"}} 0",
-                category.as_str()
-            );
+        for controller in Controller::ALL.map(Controller::as_str) {
+            let line = format!("scaledown_reconciles_total{{controller=\"{controller}\"}} 0");
             assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+            for category in crate::error::Category::ALL {
+                let line = format!(
+                    "scaledown_reconcile_errors_total{{controller=\"{controller}\",category=\"{}\"}} 0",
+                    category.as_str()
+                );
+                assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+            }
         }
         for reason in crate::reason::Reason::ALL {
             let line = format!("scaledown_events_total{{reason=\"{}\"}} 0", reason.as_str());

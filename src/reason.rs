@@ -79,7 +79,7 @@ reasons! {
         when "the set was deleted with orphan propagation",
     /// `--dry-run`: what would have been written.
     Normal DryRun = "DryRun"
-        when "`--dry-run`: on a StatefulSet, what the scale-down controller would have written (the companions only log it)",
+        when "`--dry-run`: on the object concerned (a StatefulSet, a PersistentVolume, a claim), a write a controller would have made",
     /// The PV releaser removed a PV's claimRef: the PV is Available again (plumber-cd's reason).
     Normal Released = "Released"
         when "on a PersistentVolume (Events of cluster objects go to namespace `default`): the PV releaser made it Available again (plumber-cd's reason)",
@@ -153,9 +153,9 @@ reasons! {
     /// The scrub of a PV failed (or could not start): the PV stays Released.
     Warning ScrubFailed = "ErrScrubPV"
         when "on a PersistentVolume: its scrub failed (the pod failed, the template is invalid, or the API server refused the pod); it stays Released",
-    /// Passes over the set failed in a row; the set backs off.
+    /// Passes over one object failed in a row; it backs off.
     Warning ReconcileFailed = "ReconcileFailed"
-        when "two or more passes over the set failed in a row; names the error category and the API server's answer; the set backs off (once per distinct answer)",
+        when "on the object (a StatefulSet, a PersistentVolume, a claim): two or more passes over it failed in a row; names the error category and the API server's answer; it backs off (once per distinct answer)",
 }
 
 impl Reason {

@@ -195,6 +195,18 @@ async fn metrics_and_probes_follow_a_scale_down() {
     assert_eq!(delta("scaledown_cleanups_succeeded_total"), 1.0);
     assert_eq!(delta("scaledown_claims_deleted_total"), 1.0);
     assert!(delta("scaledown_reconciles_total") >= 1.0);
+    // The passes are counted under the controller that ran them.
+    let passes = r#"scaledown_reconciles_total{controller="scaledown"}"#;
+    let of_scaledown = |m: &str| {
+        m.lines()
+            .find(|l| l.starts_with(passes))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(
+        of_scaledown(&after) - of_scaledown(&before) >= 1.0,
+        "{after}"
+    );
     assert_eq!(delta("scaledown_cleanup_duration_seconds_count"), 1.0);
     assert_eq!(sample(&after, "scaledown_leader"), 1.0);
     // The client counts what it sends: the cleanup pod creates, and the four watches

@@ -490,7 +490,7 @@ async fn a_pool_of_three_pvs_serves_five_builds_in_turn() {
 /// claim has taken since. The real API server refuses the patch; the PV keeps its new claim.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pv_bound_again_after_the_read_is_left_alone() {
-    use statefulset_scaledown_controller::{leader, metrics, releaser};
+    use statefulset_scaledown_controller::{leader, metrics, pass, releaser};
     let cluster = Cluster::connect().await;
     let ns = cluster.namespace("race").await;
     let pool = ns.create_static_pvs("pool", 1, Reclaim::Retain).await;
@@ -530,14 +530,22 @@ async fn a_pv_bound_again_after_the_read_is_left_alone() {
     .await
     .expect("rebind by hand");
     bind(&ns, "new", &pv_name, &pool.class).await;
+    let metrics = std::sync::Arc::new(metrics::Metrics::default());
+    let identity = kube::runtime::events::Reporter {
+        controller: "e2e".into(),
+        instance: None,
+    };
+    let (reporter, _) = pass::parts::<PersistentVolume>(
+        pass::Controller::Releaser,
+        &cluster.client,
+        identity,
+        &metrics,
+        false,
+    );
     let writer = releaser::act::Releaser::new(
         cluster.client.clone(),
-        kube::runtime::events::Reporter {
-            controller: "e2e".into(),
-            instance: None,
-        },
-        false,
-        std::sync::Arc::new(metrics::Metrics::default()),
+        reporter,
+        metrics,
         std::sync::Arc::new(leader::Leadership::always()),
     );
     writer

@@ -7,39 +7,28 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
 use kube::Client;
 use kube::api::{Api, DeleteParams, PatchParams, Preconditions};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use serde_json::json;
-use tracing::{debug, info, warn};
+use tracing::debug;
 
 use super::decide::names;
 use super::observe::{ClaimFacts, PodRef};
 use crate::apijson;
 use crate::error::{Error, Result, code, is_status};
 use crate::leader::Leadership;
-use crate::metrics::Metrics;
 use crate::reason::Reason;
+use crate::report::{Outcome, Reporter};
 
 pub struct Binder {
     client: Client,
-    recorder: Recorder,
-    dry_run: bool,
-    metrics: Arc<Metrics>,
+    reporter: Arc<Reporter>,
     leadership: Arc<Leadership>,
 }
 
 impl Binder {
-    pub fn new(
-        client: Client,
-        reporter: Reporter,
-        dry_run: bool,
-        metrics: Arc<Metrics>,
-        leadership: Arc<Leadership>,
-    ) -> Self {
+    pub fn new(client: Client, reporter: Arc<Reporter>, leadership: Arc<Leadership>) -> Self {
         Binder {
-            recorder: Recorder::new(client.clone(), reporter),
             client,
-            dry_run,
-            metrics,
+            reporter,
             leadership,
         }
     }
@@ -48,21 +37,19 @@ impl Binder {
         Api::namespaced(self.client.clone(), &claim.namespace)
     }
 
-    fn may_write(&self, claim: &ClaimFacts, what: &str) -> Result<bool> {
+    /// Whether the write `what` may be made now: an error when this replica may no longer write;
+    /// false under `--dry-run` (reported as a `DryRun` outcome instead).
+    async fn may_write(&self, claim: &ClaimFacts, what: &str) -> Result<bool> {
         if !self.leadership.may_write() {
             return Err(Error::NotLeader);
         }
-        if self.dry_run {
-            info!(claim = %claim.name, namespace = %claim.namespace, reason = %Reason::DryRun, "dry-run: would {what}");
-        }
-        Ok(!self.dry_run)
+        Ok(!self.reporter.skipped(&claim_ref(claim), what).await)
     }
 
-    /// Adds ownerReferences to `pods` to the claim (never controller ones, blockOwnerDeletion
-    /// false), so the garbage collector deletes it only once all of them are gone.
     pub async fn attach(&self, claim: &ClaimFacts, pods: &[PodRef]) -> Result<()> {
         let who = names(pods);
-        if !self.may_write(claim, &format!("bind claim {} to pods {who}", claim.name))? {
+        let what = format!("bind claim {} to pods {who}", claim.name);
+        if !self.may_write(claim, &what).await? {
             return Ok(());
         }
         let patch = owner_patch(claim, pods).map_err(|source| Error::Encode {
@@ -77,7 +64,6 @@ impl Binder {
         )?;
         match self.client.request::<PersistentVolumeClaim>(request).await {
             Ok(_) => {
-                self.metrics.event(Reason::BoundToPod);
                 let uids: Vec<String> = pods
                     .iter()
                     .map(|p| format!("{} (uid {})", p.name, p.uid))
@@ -87,8 +73,8 @@ impl Binder {
                     claim.name,
                     uids.join(", ")
                 );
-                info!(claim = %claim.name, namespace = %claim.namespace, "{note}");
-                self.publish(claim, Reason::BoundToPod, note).await;
+                let outcome = Outcome::new(Reason::BoundToPod, claim_ref(claim), note);
+                self.reporter.report(outcome.key(who)).await;
                 Ok(())
             }
             Err(e) if is_status(&e, &[code::CONFLICT, code::INVALID, code::NOT_FOUND]) => {
@@ -102,10 +88,13 @@ impl Binder {
     /// Deletes the claim (UID precondition): its pod is gone and it was never bound.
     pub async fn delete(&self, claim: &ClaimFacts) -> Result<()> {
         let pod = claim.pod.clone().unwrap_or_default();
-        if !self.may_write(
-            claim,
-            &format!("delete claim {} (pod {pod} is gone)", claim.name),
-        )? {
+        if !self
+            .may_write(
+                claim,
+                &format!("delete claim {} (pod {pod} is gone)", claim.name),
+            )
+            .await?
+        {
             return Ok(());
         }
         let params = DeleteParams {
@@ -117,10 +106,9 @@ impl Binder {
         };
         match self.api(claim).delete(&claim.name, &params).await {
             Ok(_) => {
-                self.metrics.event(Reason::DeletedWithPod);
                 let note = format!("deleted claim {}: its pod {pod} is gone", claim.name);
-                info!(claim = %claim.name, namespace = %claim.namespace, "{note}");
-                self.publish(claim, Reason::DeletedWithPod, note).await;
+                let outcome = Outcome::new(Reason::DeletedWithPod, claim_ref(claim), note);
+                self.reporter.report(outcome).await;
                 Ok(())
             }
             Err(e) if is_status(&e, &[code::CONFLICT, code::NOT_FOUND]) => Ok(()),
@@ -129,41 +117,25 @@ impl Binder {
     }
 
     /// A Warning on the claim, without a write.
+    /// Reports a claim left alone, once per claim and note.
     pub async fn refuse(&self, claim: &ClaimFacts, reason: Reason, note: String) {
-        self.metrics.event(reason);
-        warn!(claim = %claim.name, namespace = %claim.namespace, reason = %reason, "{note}");
-        self.publish(claim, reason, note).await;
-    }
-
-    async fn publish(&self, claim: &ClaimFacts, reason: Reason, note: String) {
-        let event = KubeEvent {
-            type_: if reason.is_warning() {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.as_str().into(),
-            note: Some(note),
-            action: "BindToPod".into(),
-            secondary: None,
-        };
-        let regarding = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("PersistentVolumeClaim".into()),
-            name: Some(claim.name.clone()),
-            namespace: Some(claim.namespace.clone()),
-            uid: Some(claim.uid.clone()),
-            ..Default::default()
-        };
-        if let Err(e) = self.recorder.publish(&event, &regarding).await {
-            warn!(claim = %claim.name, reason = %reason, error = %e, "could not publish event");
-        }
+        let outcome = Outcome::new(reason, claim_ref(claim), note.clone());
+        self.reporter.report(outcome.key(note)).await;
     }
 }
 
-/// The JSON patch that adds ownerReferences to `pods`: it first tests the claim's UID and
-/// resourceVersion, so it applies only to the state the decision was made on; the claim's other
-/// ownerReferences stay as they are.
+/// The claim, as the object of its Events.
+fn claim_ref(claim: &ClaimFacts) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolumeClaim".into()),
+        name: Some(claim.name.clone()),
+        namespace: Some(claim.namespace.clone()),
+        uid: Some(claim.uid.clone()),
+        ..Default::default()
+    }
+}
+
 pub fn owner_patch(
     claim: &ClaimFacts,
     pods: &[PodRef],
@@ -266,5 +238,42 @@ mod tests {
         replaced["metadata"]["uid"] = json!("uid-new");
         assert!(json_patch::patch(&mut replaced, &patch).is_err(), "uid");
         assert_eq!(owner_uids(&replaced), Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn under_dry_run_the_writes_are_dry_run_events_only() {
+        let (client, log) = crate::mock_api::serve(|_| crate::mock_api::deleted());
+        let metrics = Arc::new(crate::metrics::Metrics::default());
+        let identity = kube::runtime::events::Reporter {
+            controller: "test".into(),
+            instance: None,
+        };
+        let (reporter, _) = crate::pass::parts::<PersistentVolumeClaim>(
+            crate::pass::Controller::PodBound,
+            &client,
+            identity,
+            &metrics,
+            true,
+        );
+        let binder = Binder::new(client, reporter, Arc::new(Leadership::always()));
+        let facts = claim(Vec::new());
+        binder
+            .attach(&facts, &pods(&["runner"]))
+            .await
+            .expect("attach");
+        binder.delete(&facts).await.expect("delete");
+        assert!(log.lines().is_empty(), "wrote: {:?}", log.lines());
+        let events = log.events();
+        let reasons: Vec<&str> = events.iter().map(|e| e.1.as_str()).collect();
+        assert_eq!(reasons, ["DryRun", "DryRun"], "{events:?}");
+        assert!(
+            events[0].2.contains("bind claim cache to pods runner"),
+            "{events:?}"
+        );
+        assert!(
+            metrics
+                .encode()
+                .contains("scaledown_events_total{reason=\"DryRun\"} 2")
+        );
     }
 }

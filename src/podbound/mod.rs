@@ -20,7 +20,6 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
@@ -30,6 +29,7 @@ use crate::caches::{Caches, Claim};
 use crate::cli::Args;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
+use crate::pass;
 use crate::resuming::WatchBackoff;
 use observe::{BOUND_TO_POD_ANNOTATION, claims_of};
 use reconcile::{Context, error_policy, reconcile};
@@ -43,24 +43,15 @@ pub fn context(
     metrics: &Arc<Metrics>,
     leadership: &Arc<Leadership>,
 ) -> Arc<Context> {
-    let reporter = Reporter {
-        controller: crate::app::CONTROLLER_NAME.into(),
-        instance: Some(args.identity()),
-    };
-    let binder = act::Binder::new(
-        client.clone(),
-        reporter,
-        args.dry_run,
-        metrics.clone(),
-        leadership.clone(),
-    );
+    let (reporter, runner) = pass::from_args(pass::Controller::PodBound, args, client, metrics);
+    let binder = act::Binder::new(client.clone(), reporter, leadership.clone());
     Arc::new(Context::new(
         client.clone(),
         (caches.clone(), claims),
         binder,
         args.pod_bound_grace,
         leadership.clone(),
-        metrics.clone(),
+        runner,
     ))
 }
 
@@ -97,7 +88,7 @@ pub fn controller(
         });
     // What the passes remember of a claim goes with it.
     let forget = caches.claim_deletes().for_each(move |claim| {
-        ctx.forget(&claim);
+        ctx.runner.gone(&claim);
         std::future::ready(())
     });
     async move {

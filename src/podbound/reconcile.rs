@@ -10,9 +10,7 @@
 //! of the name exists and none that has not finished mounts the claim is read live, once, right
 //! before the delete (which carries the claim's UID and resourceVersion).
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -21,9 +19,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
-use tracing::warn;
 
 use super::act::Binder;
 use super::decide::{Plan, decide};
@@ -31,16 +28,12 @@ use super::observe::{ClaimFacts, Fresh, PodRead, observe, read_pods};
 use crate::caches::{Caches, Claim, candidate_sets, makes_claim};
 use crate::error::{Error, Result};
 use crate::leader::Leadership;
-use crate::metrics::Metrics;
+use crate::pass::Runner;
 
 /// While a claim waits for its pod to appear, it is looked at again this often.
 const WAIT_POLL: Duration = Duration::from_secs(5);
 /// A refused or in-use claim is looked at again after this long.
 const REFUSED_RECHECK: Duration = Duration::from_secs(60);
-const RETRY: Duration = Duration::from_secs(10);
-
-/// Per claim: its UID, and the notes of the Warnings published about it.
-type Refused = HashMap<ObjectRef<Claim>, (String, BTreeSet<String>)>;
 
 pub struct Context {
     pub client: Client,
@@ -51,11 +44,8 @@ pub struct Context {
     pub binder: Binder,
     pub grace: Duration,
     pub leadership: Arc<Leadership>,
-    pub metrics: Arc<Metrics>,
-    /// Per claim, its UID and the notes of the Warnings already published about it, so a refusal
-    /// is reported once. Forgotten when the claim goes (see [`Context::forget`]).
-    refused: Mutex<Refused>,
-    running: AtomicUsize,
+    /// Times, backs off and reports every pass.
+    pub runner: Runner<Claim>,
 }
 
 impl Context {
@@ -65,7 +55,7 @@ impl Context {
         binder: Binder,
         grace: Duration,
         leadership: Arc<Leadership>,
-        metrics: Arc<Metrics>,
+        runner: Runner<Claim>,
     ) -> Self {
         Context {
             client,
@@ -74,43 +64,8 @@ impl Context {
             binder,
             grace,
             leadership,
-            metrics,
-            refused: Mutex::new(HashMap::new()),
-            running: AtomicUsize::new(0),
+            runner,
         }
-    }
-
-    pub async fn idle(&self) {
-        while self.running.load(Ordering::SeqCst) > 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// Forgets what the passes remember of `claim` (it was deleted).
-    pub fn forget(&self, claim: &Claim) {
-        let mut refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
-        let key = ObjectRef::from_obj(claim);
-        if refused.get(&key).map(|(uid, _)| uid) == claim.uid().as_ref() {
-            refused.remove(&key);
-        }
-    }
-
-    /// Whether the Warning `note` about `claim` is new. Entries of claims the cache no longer has
-    /// (a deletion a relist replaced) are dropped here.
-    fn first_refusal(&self, claim: &ClaimFacts, note: &str) -> bool {
-        let mut refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
-        let key = ObjectRef::new(&claim.name).within(&claim.namespace);
-        if !refused.contains_key(&key) {
-            let held = |r: &ObjectRef<Claim>, uid: &str| {
-                self.claims.get(r).and_then(|c| c.uid()).as_deref() == Some(uid)
-            };
-            refused.retain(|r, (uid, _)| held(r, uid));
-        }
-        let entry = refused.entry(key).or_default();
-        if entry.0 != claim.uid {
-            *entry = (claim.uid.clone(), BTreeSet::new());
-        }
-        entry.1.insert(note.to_string())
     }
 
     async fn pass(&self, claim: &PartialObjectMeta<PersistentVolumeClaim>) -> Result<Action> {
@@ -139,9 +94,8 @@ impl Context {
             }
             Plan::Wait(left) => Ok(Action::requeue(left.min(WAIT_POLL))),
             Plan::Refuse(reason, note) => {
-                if self.first_refusal(&facts, &note) {
-                    self.binder.refuse(&facts, reason, note).await;
-                }
+                // Reported once per claim and note (the reporter remembers it, until the claim goes).
+                self.binder.refuse(&facts, reason, note).await;
                 Ok(Action::requeue(REFUSED_RECHECK))
             }
         }
@@ -204,34 +158,11 @@ impl Context {
     }
 }
 
-struct Running<'a>(&'a AtomicUsize);
-
-impl Drop for Running<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
+/// The reconciler handed to kube's Controller.
+pub async fn reconcile(claim: Arc<Claim>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.runner.run(&claim, ctx.pass(&claim)).await
 }
 
-pub async fn reconcile(
-    claim: Arc<PartialObjectMeta<PersistentVolumeClaim>>,
-    ctx: Arc<Context>,
-) -> Result<Action> {
-    ctx.running.fetch_add(1, Ordering::SeqCst);
-    let _running = Running(&ctx.running);
-    let started = std::time::Instant::now();
-    let result = ctx.pass(&claim).await;
-    ctx.metrics.reconciled(
-        started.elapsed().as_secs_f64(),
-        result.as_ref().err().map(Error::category),
-    );
-    result
-}
-
-pub fn error_policy(
-    claim: Arc<PartialObjectMeta<PersistentVolumeClaim>>,
-    err: &Error,
-    _ctx: Arc<Context>,
-) -> Action {
-    warn!(claim = %claim.name_any(), namespace = ?claim.namespace(), category = err.category().as_str(), retry_in = ?RETRY, "pod-bound claim pass failed: {err}");
-    Action::requeue(RETRY)
+pub fn error_policy(claim: Arc<Claim>, _err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.runner.error_policy(&claim)
 }

@@ -8,8 +8,7 @@ use kube::Client;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, PatchParams, PostParams, Preconditions,
 };
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::observe::{PvFacts, Scrub};
 use super::scrub;
@@ -18,11 +17,11 @@ use crate::error::{Error, Result, code, is_status};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::reason::Reason;
+use crate::report::{Outcome, Reporter};
 
 pub struct Releaser {
     client: Client,
-    recorder: Recorder,
-    dry_run: bool,
+    reporter: Arc<Reporter>,
     metrics: Arc<Metrics>,
     leadership: Arc<Leadership>,
 }
@@ -30,15 +29,13 @@ pub struct Releaser {
 impl Releaser {
     pub fn new(
         client: Client,
-        reporter: Reporter,
-        dry_run: bool,
+        reporter: Arc<Reporter>,
         metrics: Arc<Metrics>,
         leadership: Arc<Leadership>,
     ) -> Self {
         Releaser {
-            recorder: Recorder::new(client.clone(), reporter),
             client,
-            dry_run,
+            reporter,
             metrics,
             leadership,
         }
@@ -47,7 +44,7 @@ impl Releaser {
     /// Removes `pv`'s claimRef (and our scrub record) if it still names the claim with
     /// `claim_uid`.
     pub async fn release(&self, pv: &PvFacts, claim_uid: &str) -> Result<()> {
-        if !self.may_write(pv, "release")? {
+        if !self.may_write(pv, "release").await? {
             return Ok(());
         }
         let claim = pv
@@ -63,14 +60,16 @@ impl Releaser {
                 let note = format!(
                     "released: {how}claim {claim} is gone; the volume is Available again with its data"
                 );
-                info!(pv = %pv.name, reason = %Reason::Released, "{note}");
-                self.publish(pv, Reason::Released, note).await;
+                let outcome = Outcome::new(Reason::Released, pv_ref(pv), note);
+                self.reporter.report(outcome.key(claim_uid.into())).await;
                 Ok(())
             }
             Ok(false) => Ok(()),
             Err(e) => {
                 let note = format!("could not release PV {}: {e}", pv.name);
-                self.publish(pv, Reason::ReleaseFailed, note).await;
+                let outcome = Outcome::new(Reason::ReleaseFailed, pv_ref(pv), note);
+                let key = format!("{} {e}", e.category().as_str());
+                self.reporter.report(outcome.key(key)).await;
                 Err(e)
             }
         }
@@ -84,7 +83,7 @@ impl Releaser {
         old_uid: &str,
         ns: &str,
     ) -> Result<()> {
-        if !self.may_write(facts, "start a scrub")? {
+        if !self.may_write(facts, "start a scrub").await? {
             return Ok(());
         }
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
@@ -115,7 +114,7 @@ impl Releaser {
 
     /// Creates the scrub pod; a template or a pod the API server refuses fails the scrub.
     pub async fn create_scrub_pod(&self, facts: &PvFacts, temp_uid: &str, ns: &str) -> Result<()> {
-        if !self.may_write(facts, "create the scrub pod")? {
+        if !self.may_write(facts, "create the scrub pod").await? {
             return Ok(());
         }
         let template = facts.scrub_template.clone().unwrap_or_default();
@@ -154,7 +153,7 @@ impl Releaser {
         failed: Option<String>,
         ns: &str,
     ) -> Result<()> {
-        if !self.may_write(facts, "finish the scrub")? {
+        if !self.may_write(facts, "finish the scrub").await? {
             return Ok(());
         }
         let running = Scrub::Running(temp_uid.into());
@@ -182,8 +181,8 @@ impl Releaser {
                 ),
             ),
         };
-        info!(pv = %facts.name, reason = %reason, "{note}");
-        self.publish(facts, reason, note).await;
+        let outcome = Outcome::new(reason, pv_ref(facts), note);
+        self.reporter.report(outcome.key(temp_uid.into())).await;
         let name = scrub::name(&facts.name);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         match pods.delete(&name, &DeleteParams::default()).await {
@@ -196,21 +195,21 @@ impl Releaser {
 
     /// Deletes the temporary claim (UID precondition).
     pub async fn delete_temp(&self, facts: &PvFacts, temp_uid: &str, ns: &str) -> Result<()> {
-        if !self.may_write(facts, "delete the temporary claim")? {
+        if !self.may_write(facts, "delete the temporary claim").await? {
             return Ok(());
         }
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
         delete_claim(&claims, &scrub::name(&facts.name), temp_uid).await
     }
 
-    fn may_write(&self, pv: &PvFacts, what: &str) -> Result<bool> {
+    /// Whether the write `what` may be made now: an error when this replica may no longer write;
+    /// false under `--dry-run` (reported as a `DryRun` outcome instead).
+    async fn may_write(&self, pv: &PvFacts, what: &str) -> Result<bool> {
         if !self.leadership.may_write() {
             return Err(Error::NotLeader);
         }
-        if self.dry_run {
-            info!(pv = %pv.name, reason = %Reason::DryRun, "dry-run: would {what}");
-        }
-        Ok(!self.dry_run)
+        let what = format!("{what} (PV {})", pv.name);
+        Ok(!self.reporter.skipped(&pv_ref(pv), &what).await)
     }
 
     /// Applies a JSON patch to the PV: `Ok(false)` if a test op failed or the PV is gone (it
@@ -236,30 +235,16 @@ impl Releaser {
             Err(e) => Err(Error::kube("patch persistentvolume", &pv.name)(e)),
         }
     }
+}
 
-    async fn publish(&self, pv: &PvFacts, reason: Reason, note: String) {
-        self.metrics.event(reason);
-        let event = KubeEvent {
-            type_: if reason.is_warning() {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.as_str().into(),
-            note: Some(note),
-            action: "Release".into(),
-            secondary: None,
-        };
-        let regarding = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("PersistentVolume".into()),
-            name: Some(pv.name.clone()),
-            uid: Some(pv.uid.clone()),
-            ..Default::default()
-        };
-        if let Err(e) = self.recorder.publish(&event, &regarding).await {
-            warn!(pv = %pv.name, reason = %reason, error = %e, "could not publish event");
-        }
+/// The PV, as the object of its Events.
+fn pv_ref(pv: &PvFacts) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolume".into()),
+        name: Some(pv.name.clone()),
+        uid: Some(pv.uid.clone()),
+        ..Default::default()
     }
 }
 

@@ -21,7 +21,6 @@ use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -31,6 +30,7 @@ use tracing::{debug, warn};
 use crate::cli::Args;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
+use crate::pass;
 use crate::resuming::{WatchBackoff, resuming};
 use observe::{CONTROLLER_ID_ANNOTATION, SCRUB_PV_LABEL};
 use reconcile::{Context, error_policy, reconcile};
@@ -216,14 +216,10 @@ pub fn context(
     metrics: &Arc<Metrics>,
     leadership: &Arc<Leadership>,
 ) -> Arc<Context> {
-    let reporter = Reporter {
-        controller: crate::app::CONTROLLER_NAME.into(),
-        instance: Some(args.identity()),
-    };
+    let (reporter, runner) = pass::from_args(pass::Controller::Releaser, args, client, metrics);
     let writer = act::Releaser::new(
         client.clone(),
         reporter,
-        args.dry_run,
         metrics.clone(),
         leadership.clone(),
     );
@@ -235,7 +231,7 @@ pub fn context(
         pool.id.clone(),
         writer,
         leadership.clone(),
-        metrics.clone(),
+        runner,
     ))
 }
 

@@ -2,7 +2,6 @@
 //! the claim it names, decide again) → act (the guarded release).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
@@ -19,12 +18,10 @@ use super::observe::{ClaimRead, ClaimRef, PvFacts, ScrubPod, observe};
 use super::scrub;
 use crate::error::{Error, Result};
 use crate::leader::Leadership;
-use crate::metrics::Metrics;
+use crate::pass::Runner;
 
 /// Every PV is looked at again after this long even without a change.
 const RESYNC: Duration = Duration::from_secs(300);
-/// Wait after a failed pass (the error is logged and counted; no tight retry).
-const RETRY: Duration = Duration::from_secs(10);
 
 pub struct Context {
     pub client: Client,
@@ -37,8 +34,8 @@ pub struct Context {
     pub id: String,
     pub releaser: Releaser,
     pub leadership: Arc<Leadership>,
-    pub metrics: Arc<Metrics>,
-    running: AtomicUsize,
+    /// Times, backs off and reports every pass.
+    pub runner: Runner<PersistentVolume>,
 }
 
 impl Context {
@@ -51,7 +48,7 @@ impl Context {
         id: String,
         releaser: Releaser,
         leadership: Arc<Leadership>,
-        metrics: Arc<Metrics>,
+        runner: Runner<PersistentVolume>,
     ) -> Self {
         Context {
             client,
@@ -61,15 +58,7 @@ impl Context {
             id,
             releaser,
             leadership,
-            metrics,
-            running: AtomicUsize::new(0),
-        }
-    }
-
-    /// Resolves once no pass is running.
-    pub async fn idle(&self) {
-        while self.running.load(Ordering::SeqCst) > 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            runner,
         }
     }
 
@@ -160,29 +149,11 @@ impl Context {
     }
 }
 
-/// Counts one running pass for as long as it lives.
-struct Running<'a>(&'a AtomicUsize);
-
-impl Drop for Running<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// The reconciler handed to kube's Controller.
 pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action> {
-    ctx.running.fetch_add(1, Ordering::SeqCst);
-    let _running = Running(&ctx.running);
-    let started = std::time::Instant::now();
-    let result = ctx.pass(&pv).await;
-    ctx.metrics.reconciled(
-        started.elapsed().as_secs_f64(),
-        result.as_ref().err().map(Error::category),
-    );
-    result
+    ctx.runner.run(&pv, ctx.pass(&pv)).await
 }
 
-pub fn error_policy(pv: Arc<PersistentVolume>, err: &Error, _ctx: Arc<Context>) -> Action {
-    warn!(pv = %pv.name_any(), category = err.category().as_str(), retry_in = ?RETRY, "PV release failed: {err}");
-    Action::requeue(RETRY)
+pub fn error_policy(pv: Arc<PersistentVolume>, _err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.runner.error_policy(&pv)
 }

@@ -7,8 +7,8 @@
 //! pod's UID on the set (a compare-and-swap on the set's generation) and remove the gate, or delete
 //! the pod again.
 
-use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod};
@@ -16,9 +16,8 @@ use kube::Client;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
 };
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use serde_json::json;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::apijson;
 use crate::error::{Error, Result, code, is_status, status_code};
@@ -26,37 +25,21 @@ use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::naming;
 use crate::reason::Reason;
+use crate::report::{Outcome, Reporter};
 use crate::scaledown::decide::{Event, Plan, PodDeletion, Step, Verdict};
 use crate::scaledown::observe::{Record, SetFacts, format_records};
 
 /// Field manager of every write we make.
 pub const FIELD_MANAGER: &str = "statefulset-scaledown-controller";
 
-/// How many published event keys we remember before starting over.
-const EVENT_MEMORY: usize = 10_000;
-/// Longest Event note and action (the API's limits are 1 kB and 128 characters).
-const MAX_NOTE: usize = 1000;
-const MAX_ACTION: usize = 128;
-
 pub struct Actor {
     client: Client,
-    recorder: Recorder,
-    dry_run: bool,
+    reporter: Arc<Reporter>,
     metrics: Arc<Metrics>,
     leadership: Arc<Leadership>,
-    /// (set UID, reason, key) of events already published by this process.
-    published: Mutex<HashSet<(String, Reason, String)>>,
 }
 
-/// A cleanup pod created (gated) in this pass, waiting for its verdict.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Created {
-    pub ordinal: u32,
-    pub name: String,
-    pub uid: String,
-    pub attempt: u32,
-    pub claims: BTreeMap<String, String>,
-}
+pub use crate::scaledown::observe::Created;
 
 /// The API server refused to create the cleanup pod of `ordinal`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,18 +71,15 @@ enum Creation {
 impl Actor {
     pub fn new(
         client: Client,
-        reporter: Reporter,
-        dry_run: bool,
+        reporter: Arc<Reporter>,
         metrics: Arc<Metrics>,
         leadership: Arc<Leadership>,
     ) -> Self {
         Actor {
             leadership,
-            recorder: Recorder::new(client.clone(), reporter),
+            reporter,
             client,
-            dry_run,
             metrics,
-            published: Mutex::new(HashSet::new()),
         }
     }
 
@@ -112,24 +92,15 @@ impl Actor {
             if !self.leadership.may_write() {
                 return Err(Error::NotLeader);
             }
-            if self.dry_run && !matches!(step, Step::Event(_)) {
-                self.dry_run_step(set, step).await;
-            } else {
+            let skipped = match step {
+                Step::Event(_) => false,
+                _ => self.reporter.skipped(&set_ref(set), &describe(step)).await,
+            };
+            if !skipped {
                 self.carry_out(set, step, done).await?;
             }
         }
         Ok(())
-    }
-
-    async fn dry_run_step(&self, set: &SetFacts, step: &Step) {
-        let what = describe(step);
-        info!(set = %set.name, namespace = %set.namespace, reason = %Reason::DryRun, "dry-run: would {what}");
-        let event = Event {
-            reason: Reason::DryRun,
-            note: format!("dry-run: would {what}"),
-            key: what,
-        };
-        self.publish(set, &event, None).await;
     }
 
     async fn carry_out(&self, set: &SetFacts, step: &Step, done: &mut Done) -> Result<()> {
@@ -246,7 +217,6 @@ impl Actor {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
         if let Deleted::Now = delete(&claims, name, uid, "delete claim").await? {
             self.metrics.claim_deleted();
-            info!(set = %set.name, namespace = ns, claim = %name, "deleted claim");
             let note = format!("delete claim {name} in StatefulSet {}", set.name);
             let related = core_ref("PersistentVolumeClaim", ns, name, uid);
             self.report(set, Reason::SuccessfulDelete, uid, note, related)
@@ -292,7 +262,6 @@ impl Actor {
                 format!("deleted pod {name}, which never ran"),
             ),
         };
-        info!(set = %set.name, namespace = ns, pod = %name, ?why, "deleted cleanup pod");
         self.report(set, reason, uid, note, pod_ref(ns, name, uid))
             .await;
         Ok(())
@@ -392,7 +361,6 @@ impl Actor {
                 self.release(ns, &pod.name, &pod.uid).await?;
             }
             self.metrics.cleanup_started();
-            info!(set = %live.name, namespace = ns, pod = %pod.name, attempt = pod.attempt, "created cleanup pod");
             let note = format!(
                 "create cleanup pod {} (attempt {}) for ordinal {}",
                 pod.name, pod.attempt, pod.ordinal
@@ -503,39 +471,12 @@ impl Actor {
         self.publish(set, &event, Some(related)).await;
     }
 
-    /// Publishes an Event on the set unless this process already published it (same reason and
-    /// key); counts it and logs it. The key is also the Event's action, so distinct occurrences
-    /// (ordinals, messages) stay distinct Event series instead of folding into the first one.
+    /// Reports `event` on the set, with the object written as its related object.
     async fn publish(&self, set: &SetFacts, event: &Event, related: Option<ObjectReference>) {
-        {
-            let mut published = self.published.lock().unwrap_or_else(|p| p.into_inner());
-            if published.len() >= EVENT_MEMORY {
-                published.clear();
-            }
-            if !published.insert((set.uid.clone(), event.reason, event.key.clone())) {
-                return;
-            }
-        }
-        self.metrics.event(event.reason);
-        if event.reason.is_warning() {
-            warn!(set = %set.name, namespace = %set.namespace, reason = %event.reason, "{}", event.note);
-        } else {
-            debug!(set = %set.name, namespace = %set.namespace, reason = %event.reason, "{}", event.note);
-        }
-        let kube_event = KubeEvent {
-            type_: if event.reason.is_warning() {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: event.reason.as_str().into(),
-            note: Some(truncate(event.note.clone(), MAX_NOTE)),
-            action: truncate(event.key.clone(), MAX_ACTION),
-            secondary: related,
-        };
-        if let Err(e) = self.recorder.publish(&kube_event, &set_ref(set)).await {
-            warn!(set = %set.name, namespace = %set.namespace, reason = %event.reason, error = %e, "could not publish event");
-        }
+        let mut outcome =
+            Outcome::new(event.reason, set_ref(set), event.note.clone()).key(event.key.clone());
+        outcome.related = related;
+        self.reporter.report(outcome).await;
     }
 }
 
@@ -587,17 +528,6 @@ fn core_ref(kind: &str, ns: &str, name: &str, uid: &str) -> ObjectReference {
         uid: Some(uid.into()),
         ..Default::default()
     }
-}
-
-fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
-    s
 }
 
 /// One line saying what a write step would do (for dry-run logs and Events).

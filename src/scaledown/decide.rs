@@ -986,6 +986,9 @@ impl CleanupStep<'_> {
     }
 }
 
+mod created;
+pub use created::{Admission, admit, runs, verdicts};
+
 #[cfg(test)]
 mod props;
 #[cfg(test)]

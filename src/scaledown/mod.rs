@@ -18,7 +18,6 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt};
 use kube::Client;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::events::Reporter;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -26,6 +25,7 @@ use crate::caches::Caches;
 use crate::cli::Args;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
+use crate::pass;
 use crate::resuming::WatchBackoff;
 use act::Actor;
 use reconcile::{Context, error_policy, reconcile};
@@ -39,14 +39,10 @@ pub fn context(
     metrics: &Arc<Metrics>,
     leadership: &Arc<Leadership>,
 ) -> Arc<Context> {
-    let reporter = Reporter {
-        controller: crate::app::CONTROLLER_NAME.into(),
-        instance: Some(args.identity()),
-    };
+    let (reporter, runner) = pass::from_args(pass::Controller::Scaledown, args, client, metrics);
     let actor = Actor::new(
         client.clone(),
         reporter,
-        args.dry_run,
         metrics.clone(),
         leadership.clone(),
     );
@@ -55,9 +51,9 @@ pub fn context(
         stores,
         args.policy(),
         actor,
-        metrics.clone(),
         leadership.clone(),
         args.resync_period,
+        runner,
     ))
 }
 

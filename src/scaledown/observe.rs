@@ -63,6 +63,16 @@ pub struct Record {
     pub claims: BTreeMap<String, String>,
 }
 
+/// A cleanup pod created (gated) in this pass, waiting for its verdict.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Created {
+    pub ordinal: u32,
+    pub name: String,
+    pub uid: String,
+    pub attempt: u32,
+    pub claims: BTreeMap<String, String>,
+}
+
 /// The record annotation is ours; anything larger than this was not written by us.
 const MAX_RECORD_BYTES: usize = 256 * 1024;
 

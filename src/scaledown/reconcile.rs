@@ -2,12 +2,11 @@
 //! observe (caches) → decide → confirm (a live read, decide again, if the plan asks) → act →
 //! settle the cleanup pods just created (a read made after the create, the pure verdict, record
 //! and release or delete) → remember and report.
-//! Also the per-StatefulSet memory (error backoff, refused creations), which kube's Controller
-//! leaves to us.
+//! Also the per-StatefulSet memory of refused creations and recent creates; the error backoff,
+//! timing and failure reports are the shared pass runner's (`crate::pass`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,16 +17,15 @@ use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
-use tracing::{debug, warn};
+use tracing::debug;
 
-use crate::error::{Category, Error, Result};
-use crate::metrics::Metrics;
+use crate::error::{Error, Result};
 use crate::naming;
-use crate::reason::Reason;
+use crate::pass::Runner;
 use crate::scaledown::act::{Actor, Created, Done};
 use crate::scaledown::decide::{self, Confirm, Plan, Policy, Step, Verdict, decide};
 use crate::scaledown::observe::{
-    self, Observed, Phase, PodFacts, PodRole, Record, Rejection, SetFacts, SetRead, Sources,
+    self, Observed, Phase, PodFacts, PodRole, Rejection, SetFacts, SetRead, Sources,
 };
 use crate::scaledown::watch::Stores;
 
@@ -35,13 +33,6 @@ use crate::scaledown::watch::Stores;
 /// cache shows it. Short: a pod deleted by someone else before our watch saw it (the StatefulSet
 /// controller or a kubelet finishing the ordinal's old pod by name) is created again after this.
 const CREATED_GRACE: Duration = Duration::from_secs(5);
-/// Error backoff per StatefulSet: first retry after this, doubling per failure.
-const ERROR_BACKOFF_BASE: Duration = Duration::from_secs(1);
-const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(300);
-/// Cap of that backoff for transport errors (the API server could not be reached): they say nothing
-/// about the set, so it is tried again soon after the API server is back. The changes an outage hid
-/// arrive as watch events when the watches resume (see `crate::resuming`).
-const TRANSPORT_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How long the creates of one cleanup pod name are remembered for [`recreate_delay`].
 const RECREATE_WINDOW: Duration = Duration::from_secs(600);
 /// Cap of the wait between creates of one name.
@@ -54,42 +45,21 @@ pub struct Context {
     pub stores: Stores,
     pub policy: Policy,
     pub actor: Actor,
-    pub metrics: Arc<Metrics>,
     pub leadership: Arc<crate::leader::Leadership>,
     pub resync: Duration,
     /// Cleanup pods created by us that the cache may not show yet: (namespace, name) -> when.
     created: Mutex<HashMap<(String, String), Instant>>,
     /// Creates per cleanup pod name in the last [`RECREATE_WINDOW`]: (count, last create).
     recreates: Mutex<HashMap<(String, String), (u32, Instant)>>,
-    /// What this process remembers per StatefulSet.
+    /// What this process remembers per StatefulSet: only sets with refused creations.
     memory: Mutex<HashMap<ObjectRef<StatefulSet>, Memory>>,
-    /// Reconciles running now (shutdown waits for them, within its grace).
-    running: AtomicUsize,
+    /// Times, backs off and reports every pass.
+    pub runner: Runner<StatefulSet>,
 }
 
-/// Counts one running reconcile for as long as it lives (also when it is dropped half-way).
-struct Running<'a>(&'a AtomicUsize);
-
-impl<'a> Running<'a> {
-    fn new(count: &'a AtomicUsize) -> Self {
-        count.fetch_add(1, Ordering::SeqCst);
-        Running(count)
-    }
-}
-
-impl Drop for Running<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// What one StatefulSet's past passes left behind.
+/// The refused creations of one StatefulSet.
 #[derive(Clone, Debug, Default)]
 struct Memory {
-    /// Consecutive failed passes (the error backoff).
-    failures: u32,
-    /// No pass runs before this, however many watch events arrive: set after a failed pass.
-    retry_at: Option<Instant>,
     /// Hash of the template annotation the refusals below were made with.
     template: u64,
     /// Creations the API server refused, per ordinal.
@@ -114,9 +84,9 @@ impl Context {
         stores: Stores,
         policy: Policy,
         actor: Actor,
-        metrics: Arc<Metrics>,
         leadership: Arc<crate::leader::Leadership>,
         resync: Duration,
+        runner: Runner<StatefulSet>,
     ) -> Self {
         Context {
             leadership,
@@ -124,19 +94,11 @@ impl Context {
             stores,
             policy,
             actor,
-            metrics,
             resync,
             created: Mutex::new(HashMap::new()),
             recreates: Mutex::new(HashMap::new()),
             memory: Mutex::new(HashMap::new()),
-            running: AtomicUsize::new(0),
-        }
-    }
-
-    /// Resolves once no reconcile is running.
-    pub async fn idle(&self) {
-        while self.running.load(Ordering::SeqCst) > 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            runner,
         }
     }
 
@@ -213,9 +175,9 @@ impl Context {
                 let live = self.get_set(&observed.set).await?;
                 facts = live.as_ref().map(observe::set_facts);
             }
-            let verdicts = verdicts_on(facts.as_ref(), &pending);
+            let verdicts = decide::verdicts(facts.as_ref(), &pending);
             let on = facts.as_ref().unwrap_or(&observed.set);
-            let runs = runs_of(&verdicts);
+            let runs = decide::runs(&verdicts);
             self.forget_created(&observed.set.namespace, &verdicts);
             let records = decide::next_records(on, observed, &runs);
             let release = decide::may_release(on);
@@ -352,69 +314,69 @@ impl Context {
     /// The refusals remembered for `set`, forgotten when its template annotation changed.
     fn refusals(&self, set: &StatefulSet) -> BTreeMap<u32, Rejection> {
         let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = memory.entry(ObjectRef::from(set)).or_default();
-        let template = template_hash(set);
-        if entry.template != template {
-            entry.template = template;
-            entry.refusals.clear();
+        let key = ObjectRef::from(set);
+        let Some(entry) = memory.get(&key) else {
+            return BTreeMap::new();
+        };
+        if entry.template != template_hash(set) {
+            memory.remove(&key);
+            return BTreeMap::new();
         }
         entry.refusals.clone()
     }
 
     /// Remembers what the writes of this pass did: refused creations count up, created ones reset.
-    /// Lets the plan's creations through once: a pod this process created that the cache does
-    /// not show yet is not created again (the API would answer 409, one request for nothing). With
-    /// `--max-concurrent-cleanups`, creations take their places under the cap by being entered as
-    /// created before they are; those that find no place are dropped, and the set looks again
-    /// soon. The lock is held for this count only, never across an API call, so every set creates
-    /// in parallel and the cap still holds. Returns the plan and the names entered.
-    fn admit(&self, set: &SetFacts, mut plan: Plan) -> (Plan, Vec<String>) {
+    /// Lets the plan's creates through once (the rule is `decide::admit`): a pod this process
+    /// created that the cache does not show yet is not created again, a name created again and
+    /// again waits out its backoff, and with `--max-concurrent-cleanups` creates take their places
+    /// under the cap by being entered as created before they are. The lock is held for this count
+    /// only, never across an API call, so every set creates in parallel and the cap still holds.
+    /// Returns the plan and the names entered.
+    fn admit(&self, set: &SetFacts, plan: Plan) -> (Plan, Vec<String>) {
         let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
         // Every pass forgets what the cache shows by now: the pass that the pod's own watch
         // event starts is one of them.
         self.forget_cached(&mut created);
-        let creates = |s: &Step| matches!(s, Step::CreateCleanupPod { .. });
-        if !plan.steps.iter().any(creates) {
+        let names: Vec<String> = plan
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::CreateCleanupPod { ordinal, .. } => {
+                    Some(naming::pod_name(&set.name, *ordinal))
+                }
+                _ => None,
+            })
+            .collect();
+        if names.is_empty() {
             return (plan, Vec::new());
         }
-        let mut free = self.policy.max_in_flight.map_or(usize::MAX, |cap| {
-            cap.saturating_sub(self.cached_in_flight() + created.len())
-        });
-        let (mut reserved, mut held_back, mut retry_in) = (Vec::new(), false, None);
-        plan.steps.retain(|step| {
-            let Step::CreateCleanupPod { ordinal, .. } = step else {
-                return true;
-            };
-            let key = (set.namespace.clone(), naming::pod_name(&set.name, *ordinal));
-            if let Some(left) = self.recreate_wait(&key) {
-                // Created again and again (deleted by someone else before it ran, or attempts in
-                // quick succession): the next create waits, however often the set is woken.
-                retry_in = Some(retry_in.map_or(left, |r: Duration| r.min(left)));
-                return false;
-            }
-            if let Some(at) = created.get(&key) {
-                // Look again once it may be created again: the pod may be gone already (the
-                // StatefulSet controller deleting the ordinal's old pod by name can take it).
-                let left = CREATED_GRACE.saturating_sub(at.elapsed());
-                retry_in = Some(retry_in.map_or(left, |r: Duration| r.min(left)));
-                return false;
-            }
-            if free == 0 {
-                held_back = true;
-                return false;
-            }
-            free -= 1;
-            reserved.push(key.1.clone());
-            created.insert(key, Instant::now());
-            true
-        });
-        if held_back {
-            plan.requeue(decide::CAP_RECHECK);
+        let waits = names
+            .into_iter()
+            .filter_map(|name| {
+                let key = (set.namespace.clone(), name);
+                let cached_soon = || {
+                    created
+                        .get(&key)
+                        .map(|at| CREATED_GRACE.saturating_sub(at.elapsed()))
+                };
+                let left = self.recreate_wait(&key).or_else(cached_soon)?;
+                Some((key.1, left))
+            })
+            .collect();
+        let in_flight = match self.policy.max_in_flight {
+            Some(_) => self.cached_in_flight() + created.len(),
+            None => 0,
+        };
+        let admission = decide::Admission {
+            in_flight,
+            cap: self.policy.max_in_flight,
+            waits,
+        };
+        let (plan, admitted) = decide::admit(set, plan, &admission);
+        for name in &admitted {
+            created.insert((set.namespace.clone(), name.clone()), Instant::now());
         }
-        if let Some(after) = retry_in {
-            plan.requeue(after + Duration::from_millis(100));
-        }
-        (plan, reserved)
+        (plan, admitted)
     }
 
     /// Cancelled creations are no longer in flight, and may be created again.
@@ -428,7 +390,11 @@ impl Context {
     fn remember(&self, set: &StatefulSet, observed: &Observed, done: &Done, reserved: &[String]) {
         {
             let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-            let entry = memory.entry(ObjectRef::from(set)).or_default();
+            let key = ObjectRef::from(set);
+            let entry = memory.entry(key.clone()).or_insert_with(|| Memory {
+                template: template_hash(set),
+                ..Memory::default()
+            });
             for refusal in &done.refused {
                 let count = entry.refusals.get(&refusal.ordinal).map_or(0, |r| r.count);
                 entry.refusals.insert(
@@ -443,6 +409,9 @@ impl Context {
             }
             for created in &done.created {
                 entry.refusals.remove(&created.ordinal);
+            }
+            if entry.refusals.is_empty() {
+                memory.remove(&key);
             }
         }
         let mut in_flight = self.created.lock().unwrap_or_else(|p| p.into_inner());
@@ -482,53 +451,6 @@ impl Context {
         let left = recreate_delay(count.saturating_add(1)).saturating_sub(last.elapsed());
         (!left.is_zero()).then_some(left)
     }
-
-    /// Forgets a set's failures after a good pass (`None`); counts a failed one and sets the time
-    /// before which no pass runs. Returns the failure count.
-    fn count_failure(&self, set: &StatefulSet, failed: Option<Category>) -> u32 {
-        let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = memory.entry(ObjectRef::from(set)).or_default();
-        match failed {
-            Some(category) => {
-                entry.failures = entry.failures.saturating_add(1);
-                entry.retry_at = Some(Instant::now() + error_backoff(entry.failures, category));
-            }
-            None => {
-                entry.failures = 0;
-                entry.retry_at = None;
-            }
-        }
-        entry.failures
-    }
-}
-
-/// The verdict on each pod in `pending` given a read of its set (`None`: the set is gone).
-fn verdicts_on(facts: Option<&SetFacts>, pending: &[Created]) -> Vec<(Created, Verdict)> {
-    pending
-        .iter()
-        .map(|c| {
-            let verdict = facts.map_or_else(
-                || Verdict::Cancel("the StatefulSet is gone".into()),
-                |f| decide::confirm_created(f, c.ordinal),
-            );
-            (c.clone(), verdict)
-        })
-        .collect()
-}
-
-/// The record entries of the pods that may run.
-fn runs_of(verdicts: &[(Created, Verdict)]) -> Vec<(u32, Record)> {
-    verdicts
-        .iter()
-        .filter(|(_, v)| *v == Verdict::Run)
-        .map(|(c, _)| {
-            let record = Record {
-                pod: c.uid.clone(),
-                claims: c.claims.clone(),
-            };
-            (c.ordinal, record)
-        })
-        .collect()
 }
 
 /// The claims, pods and cleanup pods of a namespace, read from the API server just now.
@@ -570,66 +492,15 @@ pub async fn list_namespace(client: &Client, ns: &str) -> Result<Listed> {
 }
 
 /// The reconciler handed to kube's Controller. After a failed pass the set waits out its backoff
-/// here, whatever wakes it (its own pods' watch events would otherwise start a pass at once), so a
-/// failure that repeats can never turn into a loop of creates.
+/// in the runner, whatever wakes it (its own pods' watch events would otherwise start a pass at
+/// once), so a failure that repeats can never turn into a loop of creates.
 pub async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action> {
-    if let Some(wait) = ctx.backing_off(&set) {
-        return Ok(Action::requeue(wait));
-    }
-    let _running = Running::new(&ctx.running);
-    let started = Instant::now();
-    let result = ctx.pass(&set).await;
-    ctx.metrics.reconciled(
-        started.elapsed().as_secs_f64(),
-        result.as_ref().err().map(Error::category),
-    );
-    match &result {
-        Ok(_) => {
-            ctx.count_failure(&set, None);
-        }
-        Err(err) => ctx.failed(&set, err).await,
-    }
-    debug!(set = %set.name_any(), namespace = ?set.namespace(), ok = result.is_ok(), "reconciled");
-    result
+    ctx.runner.run(&set, ctx.pass(&set)).await
 }
 
-impl Context {
-    /// How long `set` still waits after its last failed pass, if it does.
-    fn backing_off(&self, set: &StatefulSet) -> Option<Duration> {
-        let memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-        let at = memory.get(&ObjectRef::from(set))?.retry_at?;
-        let left = at.saturating_duration_since(Instant::now());
-        (!left.is_zero()).then_some(left)
-    }
-
-    /// Backs `set` off after a failed pass, logs it, and from the second failure in a row
-    /// publishes a Warning naming the error (the API's answer included); the same error again
-    /// publishes nothing new.
-    async fn failed(&self, set: &StatefulSet, err: &Error) {
-        let failures = self.count_failure(set, Some(err.category()));
-        let delay = error_backoff(failures, err.category());
-        warn!(set = %set.name_any(), namespace = ?set.namespace(), category = err.category().as_str(), failures, retry_in = ?delay, "reconcile failed: {err}");
-        if failures >= 2 && !matches!(err, Error::NotLeader | Error::LeadershipLost) {
-            let note = format!(
-                "{failures} passes in a row failed ({}): {err}; next try in {}s",
-                err.category().as_str(),
-                delay.as_secs()
-            );
-            let key = format!("{} {err}", err.category().as_str());
-            self.actor
-                .warn(&observe::set_facts(set), Reason::ReconcileFailed, key, note)
-                .await;
-        }
-    }
-}
-
-/// Requeues a set after a failed pass at the end of the backoff `reconcile` set for it.
+/// Requeues a set after a failed pass at the end of its backoff.
 pub fn error_policy(set: Arc<StatefulSet>, _err: &Error, ctx: Arc<Context>) -> Action {
-    Action::requeue(
-        ctx.backing_off(&set)
-            .unwrap_or(ERROR_BACKOFF_BASE)
-            .max(Duration::from_millis(1)),
-    )
+    ctx.runner.error_policy(&set)
 }
 
 /// The name of a recorded cleanup pod that got past Pending (it ran).
@@ -651,18 +522,6 @@ fn recreate_delay(nth: u32) -> Duration {
     Duration::from_secs(1)
         .saturating_mul(2u32.saturating_pow(nth - 3))
         .min(RECREATE_DELAY_MAX)
-}
-
-/// The wait after the `failures`-th failed pass in a row: 1 s doubling to 5 min, or to
-/// [`TRANSPORT_BACKOFF_MAX`] when the API server could not be reached.
-fn error_backoff(failures: u32, category: Category) -> Duration {
-    let cap = match category {
-        Category::Transport => TRANSPORT_BACKOFF_MAX,
-        _ => ERROR_BACKOFF_MAX,
-    };
-    ERROR_BACKOFF_BASE
-        .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1)))
-        .min(cap)
 }
 
 #[cfg(test)]

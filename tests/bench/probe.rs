@@ -184,18 +184,25 @@ pub fn by_verb(requests: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
     out
 }
 
-/// `scaledown_reconcile_errors_total` by category (`contended`: a record refused every time it
+/// `scaledown_reconcile_errors_total` by category, over all controllers (`contended`: a record refused every time it
 /// was tried), from the controller's /metrics.
 pub fn reconcile_errors(metrics: &str) -> BTreeMap<String, f64> {
-    samples(metrics)
-        .into_iter()
-        .filter_map(|(key, v)| {
-            let labels = key.strip_prefix("scaledown_reconcile_errors_total{")?;
-            let start = labels.find("category=\"")? + "category=\"".len();
-            let len = labels[start..].find('"')?;
-            Some((labels[start..start + len].to_string(), v))
-        })
-        .collect()
+    let mut out = BTreeMap::new();
+    // Summed over the `controller` label.
+    for (key, v) in samples(metrics) {
+        let Some(labels) = key.strip_prefix("scaledown_reconcile_errors_total{") else {
+            continue;
+        };
+        let Some(start) = labels.find("category=\"").map(|i| i + "category=\"".len()) else {
+            continue;
+        };
+        let Some(len) = labels[start..].find('"') else {
+            continue;
+        };
+        *out.entry(labels[start..start + len].to_string())
+            .or_insert(0.0) += v;
+    }
+    out
 }
 
 /// The controller's request counters and reconcile errors now (empty if /metrics did not answer).

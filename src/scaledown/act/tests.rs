@@ -29,17 +29,18 @@ fn web(record: Option<&str>) -> SetFacts {
 
 fn actor(client: kube::Client, leadership: Leadership) -> (Actor, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::default());
-    let reporter = Reporter {
+    let identity = kube::runtime::events::Reporter {
         controller: FIELD_MANAGER.into(),
         instance: None,
     };
-    let actor = Actor::new(
-        client,
-        reporter,
+    let (reporter, _) = crate::pass::parts::<StatefulSet>(
+        crate::pass::Controller::Scaledown,
+        &client,
+        identity,
+        &metrics,
         false,
-        metrics.clone(),
-        Arc::new(leadership),
     );
+    let actor = Actor::new(client, reporter, metrics.clone(), Arc::new(leadership));
     (actor, metrics)
 }
 
@@ -444,10 +445,4 @@ async fn a_release_of_a_pod_gone_or_replaced_is_done() {
         assert!(result.is_ok(), "{code}");
         assert_eq!(log.writes_and_reads()[0].body["metadata"]["uid"], "uid-new");
     }
-}
-
-#[test]
-fn truncate_keeps_char_boundaries() {
-    assert_eq!(truncate("héllo".into(), 2), "h");
-    assert_eq!(truncate("abc".into(), 10), "abc");
 }

@@ -10,10 +10,12 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::caches::PodCache;
+use crate::error::Category;
 use crate::index::{Index, Keys};
 use crate::leader::Leadership;
+use crate::metrics::Metrics;
 use crate::mock_api::{self, Answer, Log, Sent};
-use crate::scaledown::observe::format_records;
+use crate::scaledown::observe::{Record, format_records};
 
 const SET_PATH: &str = "/apis/apps/v1/namespaces/ns/statefulsets/web";
 const CLAIMS: &str = "/api/v1/namespaces/ns/persistentvolumeclaims";
@@ -124,14 +126,20 @@ where
     };
     let metrics = Arc::new(Metrics::default());
     let leadership = Arc::new(Leadership::always());
-    let reporter = Reporter {
+    let identity = Reporter {
         controller: "test".into(),
         instance: None,
     };
+    let (reporter, runner) = crate::pass::parts(
+        crate::pass::Controller::Scaledown,
+        &client,
+        identity,
+        &metrics,
+        false,
+    );
     let actor = Actor::new(
         client.clone(),
         reporter,
-        false,
         metrics.clone(),
         leadership.clone(),
     );
@@ -140,9 +148,9 @@ where
         stores,
         Policy::default(),
         actor,
-        metrics,
         leadership,
         Duration::from_secs(300),
+        runner,
     );
     (ctx, log)
 }
@@ -384,17 +392,6 @@ async fn the_cap_holds_creations_back_and_looks_again_soon() {
     assert_eq!(log.lines()[0], format!("POST {PODS}"), "room for one more");
 }
 
-#[test]
-fn error_backoff_doubles_and_transport_errors_retry_soon() {
-    let secs = |n, c| error_backoff(n, c).as_secs();
-    let forbidden: Vec<u64> = (1..=10).map(|n| secs(n, Category::Forbidden)).collect();
-    assert_eq!(forbidden, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300]);
-    let transport: Vec<u64> = (1..=5).map(|n| secs(n, Category::Transport)).collect();
-    assert_eq!(transport, [1, 2, 4, 5, 5]);
-    assert_eq!(secs(u32::MAX, Category::Transport), 5);
-    assert_eq!(secs(u32::MAX, Category::ServerError), 300);
-}
-
 /// `server`, but every JSON patch of the set is refused (an admission policy, or a record whose
 /// test can never match).
 fn refusing_records(live: Value, code: u16) -> impl Fn(&Sent) -> Answer + Send + Sync + 'static {
@@ -441,8 +438,8 @@ async fn a_record_refused_every_time_deletes_its_pod_and_the_set_waits_out_its_b
     // Whatever wakes the set meanwhile (its pod's watch events), no pass runs before the backoff.
     for _ in 0..50 {
         reconcile(set.clone(), ctx.clone()).await.expect("held");
-        let left = ctx.backing_off(&set).expect("still backing off");
-        assert!(left <= ERROR_BACKOFF_BASE, "{left:?}");
+        let left = ctx.runner.backing_off(&set).expect("still backing off");
+        assert!(left <= crate::pass::Backoff::default().base, "{left:?}");
     }
     assert_eq!(log.lines().len(), 7, "{:?}", log.lines());
     assert!(
@@ -450,12 +447,12 @@ async fn a_record_refused_every_time_deletes_its_pod_and_the_set_waits_out_its_b
         "one failure is no Warning yet"
     );
     // After it, one more pass, one more failure: a longer wait and one Warning with the answer.
-    tokio::time::sleep(ERROR_BACKOFF_BASE + Duration::from_millis(100)).await;
+    tokio::time::sleep(crate::pass::Backoff::default().base + Duration::from_millis(100)).await;
     let second = reconcile(set.clone(), ctx.clone()).await;
     assert!(second.is_err());
     assert_eq!(log.lines().len(), 14, "{:?}", log.lines());
-    let wait = ctx.backing_off(&set).expect("backing off");
-    assert!(wait > ERROR_BACKOFF_BASE, "{wait:?}");
+    let wait = ctx.runner.backing_off(&set).expect("backing off");
+    assert!(wait > crate::pass::Backoff::default().base, "{wait:?}");
     let warnings: Vec<_> = log
         .events()
         .into_iter()
@@ -505,7 +502,7 @@ async fn a_record_forbidden_by_admission_deletes_its_pod_at_once_and_backs_off()
         ],
         "a 403 is not retried within the pass"
     );
-    assert!(ctx.backing_off(&set).is_some());
+    assert!(ctx.runner.backing_off(&set).is_some());
 }
 
 #[tokio::test]

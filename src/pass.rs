@@ -1,0 +1,299 @@
+//! The pass runner shared by the three controllers: what kube's Controller leaves to us around each
+//! pass over one object. It keeps the count of running passes (shutdown waits for it), times every
+//! pass into the reconcile metrics under the controller's label, backs a failing object off (capped,
+//! doubling, per object, whatever wakes it meanwhile), logs each failure, and from the second
+//! failure in a row reports a `ReconcileFailed` Warning through the controller's reporter.
+//!
+//! A controller's `reconcile` is `runner.run(&object, ctx.pass(&object))`; its `error_policy` is
+//! `runner.error_policy(&object)`.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use kube::Resource;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+use crate::error::{Category, Error, Result};
+use crate::metrics::Metrics;
+use crate::reason::Reason;
+use crate::report::{Outcome, Reporter};
+
+/// The controllers of this process: the value of the `controller` label and log field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Controller {
+    Scaledown,
+    Releaser,
+    PodBound,
+}
+
+impl Controller {
+    pub const ALL: [Controller; 3] = [
+        Controller::Scaledown,
+        Controller::Releaser,
+        Controller::PodBound,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Controller::Scaledown => "scaledown",
+            Controller::Releaser => "pv-releaser",
+            Controller::PodBound => "pod-bound",
+        }
+    }
+}
+
+/// How long an object waits after its `n`-th failed pass in a row: `base` doubling to `max`, or to
+/// `transport_max` when the API server could not be reached (that says nothing about the object,
+/// and the changes an outage hid arrive when the watches resume).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    pub base: Duration,
+    pub max: Duration,
+    pub transport_max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(300),
+            transport_max: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Backoff {
+    pub fn after(&self, failures: u32, category: Category) -> Duration {
+        let cap = match category {
+            Category::Transport => self.transport_max,
+            _ => self.max,
+        };
+        self.base
+            .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1)))
+            .min(cap)
+    }
+}
+
+/// An object whose last passes failed.
+#[derive(Clone, Copy, Debug)]
+struct Failing {
+    failures: u32,
+    retry_at: Instant,
+}
+
+/// The pass runner of one controller over objects of type `K`.
+pub struct Runner<K: Resource> {
+    controller: Controller,
+    backoff: Backoff,
+    metrics: Arc<Metrics>,
+    reporter: Arc<Reporter>,
+    /// Passes running now.
+    running: watch::Sender<usize>,
+    /// Objects whose last pass failed; an entry goes with the next good pass, or once its wait is
+    /// long over (the object may be gone), so the map holds failing objects only.
+    failing: Mutex<HashMap<ObjectRef<K>, Failing>>,
+}
+
+impl<K> Runner<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    pub fn new(
+        controller: Controller,
+        backoff: Backoff,
+        metrics: Arc<Metrics>,
+        reporter: Arc<Reporter>,
+    ) -> Self {
+        Runner {
+            controller,
+            backoff,
+            metrics,
+            reporter,
+            running: watch::Sender::new(0),
+            failing: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Runs `pass` over `object` unless the object is still backing off from a failed pass (then
+    /// it is looked at again when the wait is over: a failure that repeats never turns into a
+    /// loop, however many watch events wake the object).
+    pub async fn run(
+        &self,
+        object: &K,
+        pass: impl Future<Output = Result<Action>>,
+    ) -> Result<Action> {
+        let key = ObjectRef::from_obj(object);
+        if let Some(wait) = self.waiting(&key) {
+            return Ok(Action::requeue(wait));
+        }
+        let _running = Running::new(&self.running);
+        let started = Instant::now();
+        let result = pass.await;
+        let category = result.as_ref().err().map(Error::category);
+        self.metrics
+            .reconciled(self.controller, started.elapsed().as_secs_f64(), category);
+        match &result {
+            Ok(_) => self.forget(&key),
+            Err(err) => self.failed(object, &key, err).await,
+        }
+        debug!(controller = self.controller.as_str(), object = %key, ok = result.is_ok(), "pass done");
+        result
+    }
+
+    /// What kube's Controller does after a failed pass: look again when the backoff is over.
+    pub fn error_policy(&self, object: &K) -> Action {
+        let wait = self.waiting(&ObjectRef::from_obj(object));
+        Action::requeue(
+            wait.unwrap_or(self.backoff.base)
+                .max(Duration::from_millis(1)),
+        )
+    }
+
+    /// Resolves once no pass is running.
+    pub async fn idle(&self) {
+        let mut running = self.running.subscribe();
+        let _ = running.wait_for(|n| *n == 0).await;
+    }
+
+    /// Forgets what was remembered of `object` (it was deleted): its backoff, and what its
+    /// reporter published about it.
+    pub fn gone(&self, object: &K) {
+        self.forget(&ObjectRef::from_obj(object));
+        if let Some(uid) = object.meta().uid.as_deref() {
+            self.reporter.forget(uid);
+        }
+    }
+
+    /// Objects backing off now (for tests and the memory bound).
+    pub fn failing(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// How long `object` still waits after its last failed pass, if it does.
+    pub fn backing_off(&self, object: &K) -> Option<Duration> {
+        self.waiting(&ObjectRef::from_obj(object))
+    }
+
+    fn waiting(&self, key: &ObjectRef<K>) -> Option<Duration> {
+        let at = self.lock().get(key)?.retry_at;
+        let left = at.saturating_duration_since(Instant::now());
+        (!left.is_zero()).then_some(left)
+    }
+
+    fn forget(&self, key: &ObjectRef<K>) {
+        self.lock().remove(key);
+    }
+
+    /// Counts a failed pass, sets the object's wait, logs it, and from the second failure in a
+    /// row reports a Warning naming the error (the same error again publishes nothing new).
+    async fn failed(&self, object: &K, key: &ObjectRef<K>, err: &Error) {
+        let category = err.category();
+        let (failures, delay) = self.count(key, category);
+        warn!(controller = self.controller.as_str(), object = %key, category = category.as_str(), failures, retry_in = ?delay, "pass failed: {err}");
+        if failures < 2 || matches!(err, Error::NotLeader | Error::LeadershipLost) {
+            return;
+        }
+        let note = format!(
+            "{failures} passes in a row failed ({}): {err}; next try in {}s",
+            category.as_str(),
+            delay.as_secs()
+        );
+        let outcome = Outcome::new(Reason::ReconcileFailed, object.object_ref(&()), note)
+            .key(format!("{} {err}", category.as_str()));
+        self.reporter.report(outcome).await;
+    }
+
+    fn count(&self, key: &ObjectRef<K>, category: Category) -> (u32, Duration) {
+        let now = Instant::now();
+        let mut failing = self.lock();
+        // Entries whose wait ended long ago belong to objects no pass has looked at since: gone.
+        let stale = self.backoff.max.saturating_mul(2);
+        failing.retain(|_, f| now.saturating_duration_since(f.retry_at) < stale);
+        let failures = failing.get(key).map_or(0, |f| f.failures).saturating_add(1);
+        let delay = self.backoff.after(failures, category);
+        failing.insert(
+            key.clone(),
+            Failing {
+                failures,
+                retry_at: now + delay,
+            },
+        );
+        (failures, delay)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<K>, Failing>> {
+        self.failing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The reporter of `controller` (Events under `identity`) and its runner with the default backoff.
+pub fn parts<K>(
+    controller: Controller,
+    client: &kube::Client,
+    identity: kube::runtime::events::Reporter,
+    metrics: &Arc<Metrics>,
+    dry_run: bool,
+) -> (Arc<Reporter>, Runner<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let reporter = Reporter::new(
+        controller,
+        client.clone(),
+        identity,
+        metrics.clone(),
+        dry_run,
+    );
+    let reporter = Arc::new(reporter);
+    let runner = Runner::new(
+        controller,
+        Backoff::default(),
+        metrics.clone(),
+        reporter.clone(),
+    );
+    (reporter, runner)
+}
+
+/// Counts one running pass for as long as it lives (also when it is dropped half-way).
+struct Running<'a>(&'a watch::Sender<usize>);
+
+impl<'a> Running<'a> {
+    fn new(count: &'a watch::Sender<usize>) -> Self {
+        count.send_modify(|n| *n += 1);
+        Running(count)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+/// [`parts`] as the flags set them up: Events under [`crate::app::CONTROLLER_NAME`] and this
+/// replica's identity, `--dry-run`.
+pub fn from_args<K>(
+    controller: Controller,
+    args: &crate::cli::Args,
+    client: &kube::Client,
+    metrics: &Arc<Metrics>,
+) -> (Arc<Reporter>, Runner<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let identity = kube::runtime::events::Reporter {
+        controller: crate::app::CONTROLLER_NAME.into(),
+        instance: Some(args.identity()),
+    };
+    parts(controller, client, identity, metrics, args.dry_run)
+}

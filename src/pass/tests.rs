@@ -1,0 +1,189 @@
+//! The runner on a paused clock, over a scripted API server that only takes Events.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use serde_json::json;
+
+use super::*;
+use crate::mock_api;
+
+fn pv(name: &str) -> PersistentVolume {
+    serde_json::from_value(json!({"metadata": {"name": name, "uid": format!("uid-{name}")}}))
+        .expect("pv")
+}
+
+fn runner() -> (Runner<PersistentVolume>, Arc<Metrics>, mock_api::Log) {
+    let (client, log) = mock_api::serve(|_| mock_api::status(500, "InternalError", "unused"));
+    let metrics = Arc::new(Metrics::default());
+    let identity = kube::runtime::events::Reporter {
+        controller: "test".into(),
+        instance: None,
+    };
+    let reporter = Arc::new(Reporter::new(
+        Controller::Releaser,
+        client,
+        identity,
+        metrics.clone(),
+        false,
+    ));
+    let runner = Runner::new(
+        Controller::Releaser,
+        Backoff::default(),
+        metrics.clone(),
+        reporter,
+    );
+    (runner, metrics, log)
+}
+
+fn forbidden() -> Error {
+    let status = kube::core::Status::failure("no", "Forbidden").with_code(403);
+    Error::kube("patch persistentvolume", "a")(kube::Error::Api(Box::new(status)))
+}
+
+fn sample(metrics: &Metrics, line_start: &str) -> Option<String> {
+    let text = metrics.encode();
+    text.lines()
+        .find(|l| l.starts_with(line_start))
+        .map(str::to_string)
+}
+
+#[test]
+fn backoff_doubles_to_its_caps() {
+    let b = Backoff::default();
+    let secs = |n, c| b.after(n, c).as_secs();
+    let api: Vec<u64> = (1..=11).map(|n| secs(n, Category::Forbidden)).collect();
+    assert_eq!(api, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+    let transport: Vec<u64> = (1..=5).map(|n| secs(n, Category::Transport)).collect();
+    assert_eq!(transport, [1, 2, 4, 5, 5]);
+    assert_eq!(secs(u32::MAX, Category::Forbidden), 300);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_object_waits_out_its_backoff_whatever_wakes_it() {
+    let (runner, _, _) = runner();
+    let calls = AtomicUsize::new(0);
+    let failing = || async {
+        calls.fetch_add(1, Ordering::SeqCst);
+        Err::<Action, _>(forbidden())
+    };
+    let a = pv("a");
+    assert!(runner.run(&a, failing()).await.is_err());
+    // Woken ten times within the first second: no pass runs, each is told how long to wait.
+    for _ in 0..10 {
+        let woken = runner.run(&a, failing()).await.expect("waits");
+        assert!(
+            woken == Action::requeue(Duration::from_secs(1)),
+            "{woken:?}"
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        runner.error_policy(&a),
+        Action::requeue(Duration::from_secs(1))
+    );
+    // Another object is not held back by it.
+    assert!(runner.run(&pv("b"), failing()).await.is_err());
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    tokio::time::advance(Duration::from_millis(1001)).await;
+    assert!(runner.run(&a, failing()).await.is_err());
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    // The second failure in a row doubles the wait.
+    assert_eq!(
+        runner.error_policy(&a),
+        Action::requeue(Duration::from_secs(2))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_good_pass_forgets_the_failures() {
+    let (runner, _, _) = runner();
+    let a = pv("a");
+    let _ = runner
+        .run(&a, async { Err::<Action, _>(forbidden()) })
+        .await;
+    assert_eq!(runner.failing(), 1);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let ok = runner.run(&a, async { Ok(Action::await_change()) }).await;
+    assert!(ok.is_ok());
+    assert_eq!(runner.failing(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_of_gone_objects_are_forgotten() {
+    let (runner, _, _) = runner();
+    let _ = runner
+        .run(&pv("gone"), async { Err::<Action, _>(forbidden()) })
+        .await;
+    // Long after its wait ended, another failure sweeps the stale entry out.
+    tokio::time::advance(Duration::from_secs(601)).await;
+    let _ = runner
+        .run(&pv("b"), async { Err::<Action, _>(forbidden()) })
+        .await;
+    assert_eq!(runner.failing(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_second_failure_in_a_row_is_reported_once_per_answer() {
+    let (runner, metrics, log) = runner();
+    let a = pv("a");
+    for _ in 0..4 {
+        let _ = runner
+            .run(&a, async { Err::<Action, _>(forbidden()) })
+            .await;
+        tokio::time::advance(Duration::from_secs(301)).await;
+    }
+    let events = log.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let (type_, reason, note) = &events[0];
+    assert_eq!(
+        (type_.as_str(), reason.as_str()),
+        ("Warning", "ReconcileFailed")
+    );
+    assert!(
+        note.starts_with("2 passes in a row failed (forbidden)"),
+        "{note}"
+    );
+    let errors =
+        r#"scaledown_reconcile_errors_total{controller="pv-releaser",category="forbidden"}"#;
+    assert_eq!(
+        sample(&metrics, errors).as_deref(),
+        Some(&*format!("{errors} 4"))
+    );
+    let passes = r#"scaledown_reconciles_total{controller="pv-releaser"}"#;
+    assert_eq!(
+        sample(&metrics, passes).as_deref(),
+        Some(&*format!("{passes} 4"))
+    );
+    let other = r#"scaledown_reconciles_total{controller="scaledown"}"#;
+    assert_eq!(
+        sample(&metrics, other).as_deref(),
+        Some(&*format!("{other} 0"))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_waits_for_the_running_passes() {
+    let (runner, _, _) = runner();
+    let runner = Arc::new(runner);
+    let (release, held) = tokio::sync::oneshot::channel::<()>();
+    let pass = tokio::spawn({
+        let runner = runner.clone();
+        async move {
+            let a = pv("a");
+            runner
+                .run(&a, async move {
+                    let _ = held.await;
+                    Ok(Action::await_change())
+                })
+                .await
+        }
+    });
+    tokio::task::yield_now().await;
+    let idle = tokio::time::timeout(Duration::from_secs(5), runner.idle()).await;
+    assert!(idle.is_err(), "idle while a pass runs");
+    let _ = release.send(());
+    assert!(pass.await.expect("joined").is_ok());
+    let idle = tokio::time::timeout(Duration::from_secs(5), runner.idle()).await;
+    assert!(idle.is_ok(), "not idle after the pass ended");
+}

@@ -1,0 +1,288 @@
+//! The reporter shared by the three controllers: one outcome becomes the Event, the metric and the
+//! log line together, so no controller can publish one without the others. Under `--dry-run` the
+//! writes a controller would make are outcomes too (`DryRun`), reported the same way.
+//!
+//! Every outcome has a key that tells its occurrences apart (an ordinal, a claim's UID, the API's
+//! answer). The key is the Event's `action`: kube's recorder folds Events of one object, reason and
+//! action into one series, so distinct occurrences stay distinct series. An outcome whose object,
+//! reason and key this process reported already is not reported again.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder};
+use tracing::{info, warn};
+
+use crate::metrics::Metrics;
+use crate::pass::Controller;
+use crate::reason::{Kind, Reason};
+
+/// How many reported (object, reason, key) we remember before starting over.
+const MEMORY: usize = 10_000;
+/// Longest Event note and action (the API's limits are 1 kB and 128 characters).
+const MAX_NOTE: usize = 1000;
+const MAX_ACTION: usize = 128;
+
+/// One thing a pass did or found, about one object.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    pub reason: Reason,
+    /// The object the Event is on.
+    pub regarding: ObjectReference,
+    /// The object written, when it is not `regarding` (a cleanup pod, a claim).
+    pub related: Option<ObjectReference>,
+    pub note: String,
+    /// Tells occurrences apart; the Event's action.
+    pub key: String,
+}
+
+impl Outcome {
+    /// An outcome keyed by its reason alone (one per object).
+    pub fn new(reason: Reason, regarding: ObjectReference, note: String) -> Self {
+        Outcome {
+            reason,
+            regarding,
+            related: None,
+            note,
+            key: reason.as_str().to_string(),
+        }
+    }
+
+    pub fn key(mut self, key: String) -> Self {
+        self.key = key;
+        self
+    }
+
+    pub fn related(mut self, related: ObjectReference) -> Self {
+        self.related = Some(related);
+        self
+    }
+}
+
+/// Publishes the outcomes of one controller.
+pub struct Reporter {
+    controller: Controller,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    dry_run: bool,
+    /// (object UID, reason, key) reported by this process.
+    reported: Mutex<HashSet<(String, Reason, String)>>,
+}
+
+impl Reporter {
+    pub fn new(
+        controller: Controller,
+        client: Client,
+        identity: kube::runtime::events::Reporter,
+        metrics: Arc<Metrics>,
+        dry_run: bool,
+    ) -> Self {
+        Reporter {
+            controller,
+            recorder: Recorder::new(client, identity),
+            metrics,
+            dry_run,
+            reported: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Whether writes are carried out (not `--dry-run`).
+    pub fn writes(&self) -> bool {
+        !self.dry_run
+    }
+
+    /// Under `--dry-run`, reports the write `what` (a phrase: "delete claim data-web-2") as a
+    /// `DryRun` outcome on `regarding` and returns true: the caller skips the write. Returns false
+    /// otherwise.
+    pub async fn skipped(&self, regarding: &ObjectReference, what: &str) -> bool {
+        if !self.dry_run {
+            return false;
+        }
+        let note = format!("dry-run: would {what}");
+        let outcome = Outcome::new(Reason::DryRun, regarding.clone(), note).key(what.into());
+        self.report(outcome).await;
+        true
+    }
+
+    /// The Event, the metric and the log line of `outcome`, once per object, reason and key.
+    pub async fn report(&self, outcome: Outcome) {
+        if !self.first(&outcome) {
+            return;
+        }
+        self.metrics.event(outcome.reason);
+        self.log(&outcome);
+        let event = Event {
+            type_: match outcome.reason.kind() {
+                Kind::Warning => EventType::Warning,
+                Kind::Normal => EventType::Normal,
+            },
+            reason: outcome.reason.as_str().into(),
+            note: Some(truncate(&outcome.note, MAX_NOTE)),
+            action: truncate(&outcome.key, MAX_ACTION),
+            secondary: outcome.related,
+        };
+        if let Err(e) = self.recorder.publish(&event, &outcome.regarding).await {
+            let (kind, name) = described(&outcome.regarding);
+            warn!(controller = self.controller.as_str(), kind, namespace = ?outcome.regarding.namespace, name, reason = %outcome.reason, error = %e, "could not publish event");
+        }
+    }
+
+    /// Forgets what was reported about the object with `uid` (it was deleted).
+    pub fn forget(&self, uid: &str) {
+        let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        reported.retain(|(of, _, _)| of != uid);
+    }
+
+    fn first(&self, outcome: &Outcome) -> bool {
+        let uid = outcome.regarding.uid.clone().unwrap_or_default();
+        let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        if reported.len() >= MEMORY {
+            reported.clear();
+        }
+        reported.insert((uid, outcome.reason, outcome.key.clone()))
+    }
+
+    fn log(&self, outcome: &Outcome) {
+        let controller = self.controller.as_str();
+        let (kind, name) = described(&outcome.regarding);
+        let namespace = outcome.regarding.namespace.as_deref().unwrap_or("");
+        let reason = outcome.reason.as_str();
+        match outcome.reason.kind() {
+            Kind::Warning => {
+                warn!(
+                    controller,
+                    kind, namespace, name, reason, "{}", outcome.note
+                )
+            }
+            Kind::Normal => {
+                info!(
+                    controller,
+                    kind, namespace, name, reason, "{}", outcome.note
+                )
+            }
+        }
+    }
+}
+
+fn described(object: &ObjectReference) -> (&str, &str) {
+    (
+        object.kind.as_deref().unwrap_or(""),
+        object.name.as_deref().unwrap_or(""),
+    )
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mock_api;
+
+    fn reporter(dry_run: bool) -> (Reporter, Arc<Metrics>, mock_api::Log) {
+        let (client, log) = mock_api::serve(|_| mock_api::status(500, "InternalError", "unused"));
+        let metrics = Arc::new(Metrics::default());
+        let identity = kube::runtime::events::Reporter {
+            controller: "test".into(),
+            instance: None,
+        };
+        let reporter = Reporter::new(
+            Controller::PodBound,
+            client,
+            identity,
+            metrics.clone(),
+            dry_run,
+        );
+        (reporter, metrics, log)
+    }
+
+    fn claim(uid: &str) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("PersistentVolumeClaim".into()),
+            name: Some("cache".into()),
+            namespace: Some("ns".into()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        }
+    }
+
+    fn count(metrics: &Metrics, reason: Reason) -> String {
+        let start = format!("scaledown_events_total{{reason=\"{}\"}} ", reason.as_str());
+        let text = metrics.encode();
+        let line = text.lines().find(|l| l.starts_with(&start)).unwrap_or("");
+        line.trim_start_matches(&start).to_string()
+    }
+
+    #[tokio::test]
+    async fn an_outcome_is_one_event_one_count_once_per_object_reason_and_key() {
+        let (reporter, metrics, log) = reporter(false);
+        let refused = |uid: &str, note: &str| {
+            Outcome::new(Reason::PodBindingRefused, claim(uid), note.into()).key(note.into())
+        };
+        reporter.report(refused("u1", "names no pod")).await;
+        reporter.report(refused("u1", "names no pod")).await;
+        reporter.report(refused("u1", "a StatefulSet's pod")).await;
+        reporter.report(refused("u2", "names no pod")).await;
+        let events = log.events();
+        assert_eq!(events.len(), 3, "{events:?}");
+        assert!(
+            events
+                .iter()
+                .all(|e| e.0 == "Warning" && e.1 == "PodBindingRefused")
+        );
+        assert_eq!(count(&metrics, Reason::PodBindingRefused), "3");
+        let posted = &log.all()[0].body;
+        assert_eq!(posted["action"], "names no pod", "the key is the action");
+        assert_eq!(posted["regarding"]["uid"], "u1");
+    }
+
+    #[tokio::test]
+    async fn under_dry_run_a_write_is_a_dry_run_event_and_a_count() {
+        let (reporter, metrics, log) = reporter(true);
+        assert!(!reporter.writes());
+        let what = "delete claim cache (pod runner is gone)";
+        assert!(reporter.skipped(&claim("u1"), what).await);
+        assert!(reporter.skipped(&claim("u1"), what).await, "still skipped");
+        let events = log.events();
+        assert_eq!(events.len(), 1, "reported once: {events:?}");
+        assert_eq!(events[0].1, "DryRun");
+        assert_eq!(events[0].2, format!("dry-run: would {what}"));
+        assert_eq!(count(&metrics, Reason::DryRun), "1");
+    }
+
+    #[tokio::test]
+    async fn without_dry_run_nothing_is_skipped_or_sent() {
+        let (reporter, metrics, log) = reporter(false);
+        assert!(reporter.writes());
+        assert!(!reporter.skipped(&claim("u1"), "delete claim cache").await);
+        assert!(log.all().is_empty());
+        assert_eq!(count(&metrics, Reason::DryRun), "0");
+    }
+
+    #[tokio::test]
+    async fn long_notes_and_keys_are_cut_to_the_api_limits() {
+        let (reporter, _, log) = reporter(false);
+        let long = "é".repeat(700);
+        let outcome = Outcome::new(Reason::ClaimInUse, claim("u1"), long.clone()).key(long);
+        reporter.report(outcome).await;
+        let body = &log.all()[0].body;
+        assert!(body["note"].as_str().unwrap_or_default().len() <= MAX_NOTE);
+        assert!(body["action"].as_str().unwrap_or_default().len() <= MAX_ACTION);
+    }
+
+    #[test]
+    fn truncation_keeps_whole_characters() {
+        assert_eq!(truncate("abcdef", 4), "abcd");
+        assert_eq!(truncate("ab", 4), "ab");
+        // "é" is two bytes: a cut inside it falls back to the character's start.
+        assert_eq!(truncate("aéb", 2), "a");
+    }
+}
