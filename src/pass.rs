@@ -143,7 +143,8 @@ where
             Ok(_) => self.forget(&key),
             Err(err) => self.failed(object, &key, err).await,
         }
-        debug!(controller = self.controller.as_str(), object = %key, ok = result.is_ok(), "pass done");
+        let namespace = key.namespace.as_deref().unwrap_or("");
+        debug!(controller = self.controller.as_str(), namespace, name = %key.name, ok = result.is_ok(), "pass done");
         result
     }
 

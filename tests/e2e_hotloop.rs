@@ -364,7 +364,10 @@ async fn second_writer(env: &Env) -> Controller {
 
 /// How many cleanup pods each controller log says it created and recorded.
 fn created_per_writer(writers: &[&Controller]) -> Vec<usize> {
-    log_lines(writers, |l| l.contains("created cleanup pod"))
+    // The reporter's line of the Event `SuccessfulCreate` (written once the pod is recorded).
+    log_lines(writers, |l| {
+        l.contains("SuccessfulCreate") && l.contains("create cleanup pod ")
+    })
 }
 
 /// Per writer: its creates answered 409 (the other writer held the name), and its passes that saw

@@ -130,7 +130,7 @@ async fn basic_scale_down_3_to_2() {
     }
     // The controller's stderr is a file here, not a terminal: text logs without colour codes.
     let log = env.controller.as_ref().expect("controller").log_text();
-    assert!(log.contains("reconciled"), "the log has lines: {log}");
+    assert!(log.contains("pass done"), "the log has lines: {log}");
     assert!(
         !log.contains('\u{1b}'),
         "escape codes in a log file:\n{log}"

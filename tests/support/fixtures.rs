@@ -170,10 +170,12 @@ impl Controller {
     /// How many reconciles of set `set` in `namespace` the log shows so far (the reconciler's
     /// debug line `reconciled set=<set> namespace=Some("<namespace>")`).
     pub fn reconciles(&self, namespace: &str, set: &str) -> usize {
-        let name = format!("reconciled set={set} ");
-        let ns = format!("namespace=Some(\"{namespace}\")");
+        // The pass runner's line: `pass done controller="scaledown" namespace="ns" name=web ok=true`.
+        let name = format!(" name={set} ");
+        let ns = format!("namespace=\"{namespace}\"");
         self.plain_log()
             .lines()
+            .filter(|l| l.contains("pass done") && l.contains("controller=\"scaledown\""))
             .filter(|l| l.contains(&name) && l.contains(&ns))
             .count()
     }
