@@ -1,11 +1,7 @@
 //! Wiring only: which controllers run, on which caches, with HTTP, election and shutdown around
-//! them. What each piece does lives in its own module.
-//!
-//! [`start`] is the process after flag parsing: signals, client, [`run`]. `run` reads as its steps:
-//! settings from the flags ([`crate::settings`]), the controllers on their caches ([`controllers`]:
-//! the shared watches of [`crate::caches`], then `scaledown`, `podbound`, `releaser`), HTTP
-//! ([`crate::http`]), the election ([`crate::leader`]), then a bounded shutdown
-//! ([`crate::shutdown`]).
+//! them. [`start`] is the process after flag parsing: signals, client, [`run`]; `run` reads as its
+//! steps: settings ([`crate::settings`]), the controllers on their caches ([`controllers`]), HTTP
+//! ([`crate::http`]), the election ([`crate::leader`]), then a bounded shutdown ([`crate::shutdown`]).
 
 use std::sync::Arc;
 
@@ -72,7 +68,6 @@ pub async fn run(
         None => Leadership::always(),
     });
     metrics.set_leader(settings.election.is_none());
-
     let wired = Wiring {
         args: &args,
         client: &client,
@@ -155,10 +150,10 @@ fn controllers(wired: &Wiring, settings: &Settings) -> Controllers {
         if let Some(claims) = claims {
             work.push(with_podbound(wired, &caches, claims, &mut built));
         }
-        built.synced.push({
-            let caches = caches.clone();
-            async move { caches.ready().await.is_ok() }.boxed()
-        });
+        let shared = caches.clone();
+        built
+            .synced
+            .push(async move { shared.ready().await.is_ok() }.boxed());
         // Last: every subscription to the caches' changes is made before the feeds run.
         work.push(feeds.run(wired.stop.clone()).boxed());
     }
