@@ -12,22 +12,48 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tracing::info;
+
+use futures::future::BoxFuture;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::scaledown::observe;
-use crate::scaledown::watch::Stores;
 
 /// What the endpoints read.
 #[derive(Clone)]
 pub struct Probe {
+    /// See [`readiness`].
     pub ready: Arc<AtomicBool>,
     pub metrics: Arc<Metrics>,
-    /// The scale-down controller's caches, when it runs.
-    pub stores: Option<Stores>,
-    /// The PV releaser's caches, when it runs.
-    pub pool: Option<crate::releaser::Pool>,
+    /// Collectors of gauges computed at scrape time from the caches of the controllers that run
+    /// (each controller's folder has its own), encoded after the families of `metrics`.
+    pub gauges: Arc<Registry>,
+}
+
+/// The readiness `/readyz` reports: true once every wait of `synced` (one per cache, built by the
+/// wiring) has ended with true, false again from `stop` on.
+pub fn readiness(
+    synced: Vec<BoxFuture<'static, bool>>,
+    stop: &CancellationToken,
+) -> Arc<AtomicBool> {
+    let ready = Arc::new(AtomicBool::new(false));
+    let (flag, stop) = (ready.clone(), stop.clone());
+    tokio::spawn(async move {
+        let all_synced = futures::future::join_all(synced);
+        tokio::select! {
+            synced = all_synced => if synced.iter().all(|s| *s) {
+                flag.store(true, Ordering::SeqCst);
+                info!("caches synced");
+            },
+            _ = stop.cancelled() => {}
+        }
+        stop.cancelled().await;
+        flag.store(false, Ordering::SeqCst);
+    });
+    ready
 }
 
 /// Parses a bind address flag as controller-runtime does: `"0"` (or empty) means "do not serve",
@@ -53,6 +79,27 @@ pub async fn bind(what: &'static str, addr: SocketAddr) -> Result<(&'static str,
         .map_err(|e| Error::Config(format!("cannot serve {what} on {addr}: {e}")))?;
     info!(address = %listener.local_addr().unwrap_or(addr), "serving {what}");
     Ok((what, listener))
+}
+
+/// Starts the metrics server on `metrics` and the probe server on `probes`, those that are not
+/// turned off (`None`); both stop at `stop`.
+pub async fn start(
+    [metrics, probes]: [Option<SocketAddr>; 2],
+    probe: Probe,
+    stop: &CancellationToken,
+) -> Result<Vec<JoinHandle<Result<()>>>> {
+    let endpoints = [
+        (metrics, "metrics", metrics_router(probe.clone())),
+        (probes, "health probes", probes_router(probe)),
+    ];
+    let mut servers = Vec::new();
+    for (addr, what, router) in endpoints {
+        let Some(addr) = addr else { continue };
+        let listener = bind(what, addr).await?;
+        let stopped = stop.clone().cancelled_owned();
+        servers.push(tokio::spawn(serve(listener, router, stopped)));
+    }
+    Ok(servers)
 }
 
 pub fn metrics_router(probe: Probe) -> Router {
@@ -91,41 +138,24 @@ async fn readyz(State(probe): State<Probe>) -> impl IntoResponse {
 }
 
 async fn metrics(State(probe): State<Probe>) -> impl IntoResponse {
-    // Computed at scrape time from the caches: claims left behind by sets that did not opt in.
-    // Until the caches have synced, the gauges keep their last values.
-    if probe.ready.load(Ordering::SeqCst) {
-        scrape_time_gauges(&probe);
-    }
     (
         [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
-        exposition(&probe.metrics),
+        exposition(&probe.metrics, &probe.gauges),
     )
-}
-
-fn scrape_time_gauges(probe: &Probe) {
-    if let Some(stores) = &probe.stores {
-        let counts = observe::unmanaged_orphans(&stores.sets.state(), &stores.claims.all());
-        probe.metrics.set_orphaned_claims(&counts);
-        let running = stores.cleanup_pods.all();
-        probe
-            .metrics
-            .set_cleanups_running(running.iter().filter(|p| observe::in_flight(p)).count());
-    }
-    if let Some(pool) = &probe.pool {
-        probe.metrics.set_pv_pool(&pool.counts());
-    }
 }
 
 /// What `/metrics` sends: prometheus-client writes OpenMetrics text (`# EOF` at the end, counters
 /// with `_total`), so it is labelled as that, not as the older Prometheus text format.
 pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// The controller's families, then the process families (no prefix), then `# EOF`.
-pub fn exposition(metrics: &Metrics) -> String {
+/// The controller's families, the gauges computed at scrape time, then the process families (no
+/// prefix), then `# EOF`.
+pub fn exposition(metrics: &Metrics, gauges: &Registry) -> String {
     use prometheus_client::encoding::text;
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = text::encode_registry(&mut out, &metrics.registry);
+    let _ = text::encode_registry(&mut out, gauges);
     let _ = text::encode_registry(&mut out, &crate::process::registry());
     let _ = text::encode_eof(&mut out);
     out
@@ -151,7 +181,7 @@ mod tests {
     /// families and the process families are both in it.
     #[test]
     fn exposition_is_openmetrics() {
-        let text = exposition(&Metrics::default());
+        let text = exposition(&Metrics::default(), &Registry::default());
         assert!(METRICS_CONTENT_TYPE.starts_with("application/openmetrics-text"));
         assert!(text.ends_with("# EOF\n"), "{text}");
         assert_eq!(text.matches("# EOF").count(), 1);

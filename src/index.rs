@@ -134,15 +134,28 @@ impl<K: Resource + Keys> Index<K> {
             }
             Event::InitDone => {
                 let listed = inner.relist.take().unwrap_or_default();
-                inner.objects.clear();
-                inner.keyed.clear();
-                for obj in listed {
-                    inner.insert(obj);
-                }
                 drop(inner);
-                self.ready.send_replace(true);
+                self.replace(listed);
             }
         }
+    }
+
+    /// Adds or replaces one object, held as the `Arc` given (another cache may hold the same one).
+    pub fn insert(&self, obj: Arc<K>) {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        inner.insert(obj);
+    }
+
+    /// Replaces every object with `objects` (a relist, complete), and marks the index ready.
+    pub fn replace(&self, objects: Vec<Arc<K>>) {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        inner.objects.clear();
+        inner.keyed.clear();
+        for obj in objects {
+            inner.insert(obj);
+        }
+        drop(inner);
+        self.ready.send_replace(true);
     }
 
     /// Forgets the object named as `obj` is (namespace and name), as a delete event would.

@@ -7,8 +7,8 @@
 //! before any other replica can take over; it then exits non-zero (fail-stop) and restarts as a
 //! candidate. Standbys keep their caches warm and write nothing.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -16,6 +16,8 @@ use kube::Client;
 use kube::api::Api;
 use kube_lease_manager::{LeaseCreateMode, LeaseManagerBuilder};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 // Tokio's clock: the same as std's in production, and one a test can pause and advance.
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -206,6 +208,35 @@ async fn confirmed_until(
         .duration_since(renewed)
         .unwrap_or(Duration::ZERO);
     deadline.checked_sub(age).map(|left| Instant::now() + left)
+}
+
+/// Runs the election ([`run`]) as a task of its own, until `stop`.
+pub fn spawn(
+    client: Client,
+    config: ElectionConfig,
+    leadership: &Arc<Leadership>,
+    metrics: &Arc<Metrics>,
+    stop: &CancellationToken,
+) -> JoinHandle<Result<()>> {
+    let (leadership, metrics, stop) = (leadership.clone(), metrics.clone(), stop.clone());
+    tokio::spawn(async move {
+        let stopped = stop.cancelled_owned();
+        run(client, config, &leadership, &metrics, stopped).await
+    })
+}
+
+/// Yields once every time `leading` turns true.
+pub fn became_leader(
+    leading: tokio::sync::watch::Receiver<bool>,
+) -> impl futures::Stream<Item = ()> + Send {
+    futures::stream::unfold(leading, |mut rx| async move {
+        loop {
+            rx.changed().await.ok()?;
+            if *rx.borrow_and_update() {
+                return Some(((), rx));
+            }
+        }
+    })
 }
 
 #[cfg(test)]

@@ -4,14 +4,24 @@
 //! scales down, the claims of the removed ordinals stay behind. The controller in `scaledown` runs
 //! the user's cleanup pod on them and, once it succeeded, deletes the pod and the claims.
 //!
-//! Each controller has a folder of its own (`scaledown`); what they share sits beside them:
-//! wiring and shutdown (`app`), flags (`cli`), leader election (`leader`), HTTP (`http`), metrics
-//! (`metrics`, `api_metrics`, `process`), outcomes (`reason`), errors (`error`), indexed caches
-//! (`index`), compatibility strings (`naming`) and pod templates (`template`).
+//! Two companions look after the rest of a claim's life: `releaser` makes a Released PV of a pool
+//! Available again, `podbound` ties a claim to a plain pod's life.
+//!
+//! Each controller has a folder of its own (`scaledown`, `releaser`, `podbound`) with its watch,
+//! observe, decide, act and reconcile, its pass context and its Controller, and the scrape-time
+//! gauges of its caches. What they share sits beside them: the shared watches of StatefulSets,
+//! claims and pods (`caches`, on the indexed caches of `index`, restored after errors by
+//! `resuming`), the pass runner and the reporter of every controller (`pass`, `report`), the
+//! wiring (`app`, and nothing else), flags (`cli`) and their checks (`settings`),
+//! logs (`telemetry`), signals and the bounded shutdown (`shutdown`), leader election (`leader`),
+//! HTTP (`http`), metrics (`metrics`, `api_metrics`, `process`), outcomes (`reason`), errors
+//! (`error`), compatibility strings (`naming`), JSON patches (`apijson`), pod templates
+//! (`template`) and `kubectl scaledown` (`plugin`).
 
 pub mod api_metrics;
 pub mod apijson;
 pub mod app;
+pub mod caches;
 pub mod cli;
 pub mod error;
 pub mod http;
@@ -28,6 +38,9 @@ pub mod releaser;
 pub mod report;
 pub mod resuming;
 pub mod scaledown;
+pub mod settings;
+pub mod shutdown;
+pub mod telemetry;
 pub mod template;
 
 #[cfg(test)]

@@ -38,18 +38,6 @@ pub struct EventLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NamespaceLabels {
-    pub namespace: String,
-}
-
-/// A StorageClass of the PV pool and a PV phase.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PoolLabels {
-    pub class: String,
-    pub phase: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     pub outcome: &'static str,
 }
@@ -58,19 +46,16 @@ pub struct Metrics {
     pub registry: Registry,
     pv_released: Counter,
     pv_scrubs: Family<OutcomeLabels, Counter>,
-    pv_pool: Family<PoolLabels, Gauge>,
     cleanups_started: Counter,
     cleanups_succeeded: Counter,
     cleanups_failed: Counter,
     cleanups_given_up: Counter,
     claims_deleted: Counter,
-    cleanups_running: Gauge,
     reconciles: Family<ControllerLabels, Counter>,
     reconcile_errors: Family<ErrorLabels, Counter>,
     reconcile_duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
     cleanup_duration: Histogram,
     leader: Gauge,
-    orphaned_claims: Family<NamespaceLabels, Gauge>,
     events: Family<EventLabels, Counter>,
 }
 
@@ -80,19 +65,16 @@ impl Default for Metrics {
         let m = Metrics {
             pv_released: Counter::default(),
             pv_scrubs: Family::default(),
-            pv_pool: Family::default(),
             cleanups_started: Counter::default(),
             cleanups_succeeded: Counter::default(),
             cleanups_failed: Counter::default(),
             cleanups_given_up: Counter::default(),
             claims_deleted: Counter::default(),
-            cleanups_running: Gauge::default(),
             reconciles: Family::default(),
             reconcile_errors: Family::default(),
             reconcile_duration: Family::new_with_constructor(pass_buckets),
             cleanup_duration: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
             leader: Gauge::default(),
-            orphaned_claims: Family::default(),
             events: Family::default(),
             registry: Registry::default(),
         };
@@ -164,19 +146,9 @@ impl Metrics {
             self.claims_deleted.clone(),
         );
         registry.register(
-            "cleanups_running",
-            "Cleanup pods in flight now",
-            self.cleanups_running.clone(),
-        );
-        registry.register(
             "cleanup_duration_seconds",
             "Time from a cleanup pod's creation to the completion of its cleanup",
             self.cleanup_duration.clone(),
-        );
-        registry.register(
-            "orphaned_claims",
-            "Claims of StatefulSets without the cleanup annotation whose ordinal is no longer wanted",
-            self.orphaned_claims.clone(),
         );
     }
 
@@ -226,11 +198,6 @@ impl Metrics {
             "Scrubs of Released PVs finished, by outcome (succeeded, failed)",
             self.pv_scrubs.clone(),
         );
-        registry.register(
-            "pv_pool_volumes",
-            "PersistentVolumes of StorageClasses with this releaser's id, by class and phase",
-            self.pv_pool.clone(),
-        );
     }
 
     pub fn cleanup_started(&self) {
@@ -268,40 +235,14 @@ impl Metrics {
             .get_or_create(&OutcomeLabels { outcome })
             .inc();
     }
-    /// Replaces the pool gauge with these counts per (class, phase).
-    pub fn set_pv_pool(&self, counts: &std::collections::BTreeMap<(String, String), usize>) {
-        self.pv_pool.clear();
-        for ((class, phase), n) in counts {
-            let labels = PoolLabels {
-                class: class.clone(),
-                phase: phase.clone(),
-            };
-            let gauge = self.pv_pool.get_or_create(&labels);
-            gauge.set(i64::try_from(*n).unwrap_or(i64::MAX));
-        }
-    }
     pub fn claim_deleted(&self) {
         self.claims_deleted.inc();
-    }
-    pub fn set_cleanups_running(&self, n: usize) {
-        self.cleanups_running
-            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
     pub fn cleanup_took(&self, seconds: f64) {
         self.cleanup_duration.observe(seconds);
     }
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
-    }
-    /// Replaces the orphaned-claims gauge with these counts per namespace.
-    pub fn set_orphaned_claims(&self, counts: &std::collections::BTreeMap<String, usize>) {
-        self.orphaned_claims.clear();
-        for (namespace, n) in counts {
-            let gauge = self.orphaned_claims.get_or_create(&NamespaceLabels {
-                namespace: namespace.clone(),
-            });
-            gauge.set(i64::try_from(*n).unwrap_or(i64::MAX));
-        }
     }
     /// One pass of `controller` took `seconds`, and failed with `error` if it did.
     pub fn reconciled(
@@ -339,15 +280,34 @@ impl Metrics {
 mod tests {
     use super::*;
 
+    /// The collectors' gauges with a sample each.
+    #[derive(Debug)]
+    struct Fixed;
+
+    impl prometheus_client::collector::Collector for Fixed {
+        fn encode(
+            &self,
+            mut encoder: prometheus_client::encoding::DescriptorEncoder,
+        ) -> std::fmt::Result {
+            let orphans = [("ns".to_string(), 1)].into();
+            crate::scaledown::gauges::encode(&mut encoder, 1, &orphans)?;
+            crate::releaser::encode_pool(
+                &mut encoder,
+                &[(("pool".into(), "Available".into()), 2)].into(),
+            )
+        }
+    }
+
     /// Every family served on `/metrics` (this registry and the process collector, as `http`
     /// encodes them): name, type, label names and HELP text, one table row each, in order. The
     /// metrics table of docs/reference.md is exactly this.
     fn metrics_table() -> String {
         let m = Metrics::default();
-        m.set_orphaned_claims(&[("ns".to_string(), 1)].into());
         m.cleanup_took(3.0);
-        // Renders with the PV releaser on, once a class carries its id.
-        m.set_pv_pool(&[(("pool".to_string(), "Available".to_string()), 2)].into());
+        // The gauges computed at scrape time, as the scale-down controller's and the PV releaser's
+        // collectors write them (the pool's once a class carries the releaser's id).
+        let mut gauges = Registry::with_prefix(PREFIX);
+        gauges.register_collector(Box::new(Fixed));
         // Renders once the client sent its first request (at start, the watches).
         crate::api_metrics::requests()
             .get_or_create(&crate::api_metrics::RequestLabels {
@@ -358,6 +318,7 @@ mod tests {
             .inc_by(0);
         let mut text = String::new();
         let _ = prometheus_client::encoding::text::encode_registry(&mut text, &m.registry);
+        let _ = prometheus_client::encoding::text::encode_registry(&mut text, &gauges);
         let _ = prometheus_client::encoding::text::encode_registry(
             &mut text,
             &crate::process::registry(),

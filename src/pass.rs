@@ -163,6 +163,15 @@ where
         let _ = running.wait_for(|n| *n == 0).await;
     }
 
+    /// Forgets what was remembered of `object` (it was deleted): its backoff, and what its
+    /// reporter published about it.
+    pub fn gone(&self, object: &K) {
+        self.forget(&ObjectRef::from_obj(object));
+        if let Some(uid) = object.meta().uid.as_deref() {
+            self.reporter.forget(uid);
+        }
+    }
+
     /// Objects backing off now (for tests and the memory bound).
     pub fn failing(&self) -> usize {
         self.lock().len()
@@ -271,3 +280,21 @@ impl Drop for Running<'_> {
 
 #[cfg(test)]
 mod tests;
+
+/// [`parts`] as the flags set them up: Events under [`crate::app::CONTROLLER_NAME`] and this
+/// replica's identity, `--dry-run`.
+pub fn from_args<K>(
+    controller: Controller,
+    args: &crate::cli::Args,
+    client: &kube::Client,
+    metrics: &Arc<Metrics>,
+) -> (Arc<Reporter>, Runner<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let identity = kube::runtime::events::Reporter {
+        controller: crate::app::CONTROLLER_NAME.into(),
+        instance: Some(args.identity()),
+    };
+    parts(controller, client, identity, metrics, args.dry_run)
+}

@@ -129,6 +129,12 @@ impl Reporter {
         }
     }
 
+    /// Forgets what was reported about the object with `uid` (it was deleted).
+    pub fn forget(&self, uid: &str) {
+        let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        reported.retain(|(of, _, _)| of != uid);
+    }
+
     fn first(&self, outcome: &Outcome) -> bool {
         let uid = outcome.regarding.uid.clone().unwrap_or_default();
         let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());

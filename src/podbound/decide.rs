@@ -13,13 +13,13 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::observe::{ClaimFacts, NamedPod, PodRead, PodRef};
+use super::observe::{ClaimFacts, Fresh, NamedPod, PodRead, PodRef};
 use crate::reason::Reason;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Plan {
     Skip,
-    /// Read the namespace's pods and StatefulSets live, then decide again.
+    /// Read the pods and StatefulSets (from the caches), then decide again.
     ReadPods,
     /// Add ownerReferences to these pods, in one JSON patch that tests the claim's UID and
     /// resourceVersion.
@@ -31,6 +31,22 @@ pub enum Plan {
     Wait(Duration),
     /// Refuse, with a Warning of this reason and note; nothing is written.
     Refuse(Reason, String),
+}
+
+impl Plan {
+    /// The read this plan must have been decided on to be carried out (`None`: any, or none).
+    /// Deciding from the caches is enough to skip, wait or refuse. A binding is to the named pod's
+    /// UID, which a cache that lags could hold for a pod since replaced: that pod, and the
+    /// StatefulSets that could make the claim, are read live first. A deletion also needs a live
+    /// list of the namespace's pods: no pod of the name, and none that mounts the claim.
+    pub fn needs(&self) -> Option<Fresh> {
+        match self {
+            Plan::ReadPods => Some(Fresh::Cached),
+            Plan::Attach(_) => Some(Fresh::Named),
+            Plan::Delete => Some(Fresh::Namespace),
+            Plan::Skip | Plan::Wait(_) | Plan::Refuse(..) => None,
+        }
+    }
 }
 
 pub fn decide(claim: &ClaimFacts, read: &PodRead, now: Timestamp, grace: Duration) -> Plan {

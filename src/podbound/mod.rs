@@ -5,9 +5,10 @@
 //! after `--pod-bound-grace`, unless a pod mounts it. Never for StatefulSet pods or claims (the
 //! scale-down controller's).
 //!
-//! Same shape as the other controllers: watch (claims, metadata only; pods, to see a new pod
-//! mount a claim at once) → observe → decide (pure) → confirm (a live list of the namespace's pods
-//! and StatefulSets) → act.
+//! Same shape as the other controllers: watch (the shared caches of `crate::caches`: claims,
+//! pods, StatefulSets; a pod change wakes the claims it mounts at once) → observe (from the caches)
+//! → decide (pure) → confirm (before a write, a fresh read of what the write relies on, and decide
+//! again: see `reconcile`) → act.
 
 pub mod act;
 pub mod decide;
@@ -17,69 +18,64 @@ pub mod reconcile;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use kube::api::Api;
-use kube::core::PartialObjectMeta;
+use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::resuming::{WatchBackoff, resuming};
+use crate::caches::{Caches, Claim};
+use crate::cli::Args;
+use crate::leader::Leadership;
+use crate::metrics::Metrics;
+use crate::pass;
+use crate::resuming::WatchBackoff;
 use observe::{BOUND_TO_POD_ANNOTATION, claims_of};
 use reconcile::{Context, error_policy, reconcile};
 
-type Claim = PartialObjectMeta<PersistentVolumeClaim>;
-
-/// Lists (at start and after a watch is restored) are read in pages of this many objects, as the
-/// scale-down controller's.
-const LIST_PAGE_SIZE: u32 = 100;
-
-/// kube's Controller over the claims of `namespace` (or all), as one future that ends after `stop`
-/// once the running passes have.
-pub fn controller(
+/// The pod-bound claims' pass context: the caches it reads (`claims`: the same claims as the
+/// shared index, in the kube store its Controller reads from) and its writer.
+pub fn context(
+    args: &Args,
     client: &Client,
-    namespace: Option<&str>,
+    (caches, claims): (&Caches, Store<Claim>),
+    metrics: &Arc<Metrics>,
+    leadership: &Arc<Leadership>,
+) -> Arc<Context> {
+    let (reporter, runner) = pass::from_args(pass::Controller::PodBound, args, client, metrics);
+    let binder = act::Binder::new(client.clone(), reporter, leadership.clone());
+    Arc::new(Context::new(
+        client.clone(),
+        (caches.clone(), claims),
+        binder,
+        args.pod_bound_grace,
+        leadership.clone(),
+        runner,
+    ))
+}
+
+/// kube's Controller over the opted-in claims of the shared caches, woken also by the pods that
+/// mount them, as one future that ends after `stop` once the running passes have.
+pub fn controller(
+    caches: &Caches,
     ctx: Arc<Context>,
     became_leader: impl Stream<Item = ()> + Send + 'static,
     stop: &CancellationToken,
 ) -> impl Future<Output = ()> + Send + 'static {
-    let api: Api<Claim> = match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let pod_api: Api<Pod> = match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let (store, writer) = reflector::store::<Claim>();
+    let store = ctx.claims.clone();
     let cached = store.clone();
-    let claims = resuming("bound claims", move || {
-        watcher(
-            api.clone(),
-            watcher::Config::default().page_size(LIST_PAGE_SIZE),
-        )
-        .modify(|c| {
-            c.metadata.managed_fields = None;
-        })
+    let opted_in = caches.claim_changes(false).filter(|claim| {
+        std::future::ready(claim.annotations().contains_key(BOUND_TO_POD_ANNOTATION))
     });
-    let changes = reflector::reflector(writer, claims).applied_objects();
-    // Pods are not cached: each change is mapped to the claims it should wake and dropped.
-    let pods = resuming("pods mounting bound claims", move || {
-        watcher(
-            pod_api.clone(),
-            watcher::Config::default().page_size(LIST_PAGE_SIZE),
-        )
-    })
-    .touched_objects();
-    Controller::for_stream(changes, store)
+    let passes = Controller::for_shared_stream(opted_in, store)
         .trigger_backoff(WatchBackoff::default())
-        .watches_stream(pods, move |pod: Pod| claims_to_wake(&pod, &cached))
+        .watches_shared_stream(caches.pod_changes(), move |pod| {
+            claims_to_wake(&pod, &cached)
+        })
         .reconcile_all_on(became_leader)
         .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(reconcile, error_policy, ctx)
+        .run(reconcile, error_policy, ctx.clone())
         .for_each(|result| async move {
             match result {
                 Ok((claim, _)) => debug!(claim = %claim.name, "pod-bound claim looked at"),
@@ -89,7 +85,18 @@ pub fn controller(
                 }
                 Err(e) => warn!(error = %e, "claim watch or queue error"),
             }
-        })
+        });
+    // What the passes remember of a claim goes with it.
+    let forget = caches.claim_deletes().for_each(move |claim| {
+        ctx.runner.gone(&claim);
+        std::future::ready(())
+    });
+    async move {
+        tokio::select! {
+            _ = passes => {}
+            _ = forget => {}
+        }
+    }
 }
 
 /// The opted-in claims, not being deleted, that `pod` mounts without being one of their owners:

@@ -1,5 +1,5 @@
 //! OBSERVE: plain facts about one opted-in claim, the pod it names, the pods that mount it and the
-//! StatefulSets of its namespace.
+//! StatefulSets that could make it, from the shared caches or read live ([`Fresh`]).
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
@@ -7,7 +7,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::core::PartialObjectMeta;
 
-use crate::naming::claim_ordinal;
+use std::sync::Arc;
+
+use crate::caches::makes_claim;
 
 /// Claim annotation naming the pod (same namespace) whose life the claim shares.
 pub const BOUND_TO_POD_ANNOTATION: &str = "statefulsets.kubernetes.io/bound-to-pod";
@@ -49,7 +51,7 @@ pub struct PodRef {
     pub uid: String,
 }
 
-/// The pod the annotation names, as a live read found it.
+/// The pod the annotation names, as a read found it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NamedPod {
     pub uid: String,
@@ -57,7 +59,7 @@ pub struct NamedPod {
     pub stateful: bool,
 }
 
-/// What a live read of the claim's namespace showed.
+/// What a read of the claim's pods and StatefulSets showed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PodRead {
     NotRead,
@@ -113,31 +115,42 @@ pub fn finished(pod: &Pod) -> bool {
 
 /// The StatefulSet of `sets` that makes a claim named `claim` from one of its volumeClaimTemplates
 /// (`<template>-<set>-<ordinal>`, any ordinal: a claim the set left behind is still its own).
-pub fn statefulset_of(claim: &str, sets: &[StatefulSet]) -> Option<String> {
+pub fn statefulset_of(claim: &str, sets: &[Arc<StatefulSet>]) -> Option<String> {
     sets.iter()
-        .find(|set| {
-            let name = set.name_any();
-            set.spec
-                .iter()
-                .flat_map(|s| s.volume_claim_templates.iter().flatten())
-                .any(|t| claim_ordinal(claim, &t.name_any(), &name).is_some())
-        })
-        .map(ResourceExt::name_any)
+        .find(|set| makes_claim(set, claim))
+        .map(|set| set.name_any())
 }
 
-/// The read of pod `name`, of the pods that mount `claim`, and of the StatefulSets of the namespace.
-pub fn read_pods(name: &str, claim: &str, pods: &[Pod], sets: &[StatefulSet]) -> PodRead {
-    let named = pods
-        .iter()
-        .find(|p| p.name_any() == name)
-        .map(|pod| NamedPod {
-            uid: pod.uid().unwrap_or_default(),
-            stateful: pod
-                .owner_references()
-                .iter()
-                .any(|o| o.kind == "StatefulSet" && o.controller == Some(true)),
-        });
-    let users = pods
+/// How fresh a read of the pods and StatefulSets is, weakest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fresh {
+    /// From the shared caches (no request).
+    Cached,
+    /// The named pod and the StatefulSets that could make the claim read live; the pods that
+    /// mount the claim from the cache.
+    Named,
+    /// Also every pod of the namespace read live (before a deletion).
+    Namespace,
+}
+
+/// The read of pod `name` (`named`: the pod of that name, if one exists), of the pods that mount
+/// `claim` (`users`: at least those; others are left out) and of the StatefulSets that could make
+/// it (`sets`).
+pub fn read_pods(
+    name: &str,
+    claim: &str,
+    named: Option<&Pod>,
+    users: &[Arc<Pod>],
+    sets: &[Arc<StatefulSet>],
+) -> PodRead {
+    let named = named.filter(|p| p.name_any() == name).map(|pod| NamedPod {
+        uid: pod.uid().unwrap_or_default(),
+        stateful: pod
+            .owner_references()
+            .iter()
+            .any(|o| o.kind == "StatefulSet" && o.controller == Some(true)),
+    });
+    let users = users
         .iter()
         .filter(|p| !finished(p) && mounts(p, claim))
         .map(|p| PodRef {
@@ -158,27 +171,31 @@ mod tests {
 
     use super::*;
 
-    fn set(name: &str, templates: &[&str]) -> StatefulSet {
+    fn set(name: &str, templates: &[&str]) -> Arc<StatefulSet> {
         let claims: Vec<_> = templates
             .iter()
             .map(|t| json!({"metadata": {"name": t}}))
             .collect();
-        serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {"selector": {}, "serviceName": name, "template": {},
-                     "volumeClaimTemplates": claims}
-        }))
-        .expect("set")
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"selector": {}, "serviceName": name, "template": {},
+                         "volumeClaimTemplates": claims}
+            }))
+            .expect("set"),
+        )
     }
 
-    fn pod(name: &str, claim: &str, phase: &str) -> Pod {
-        serde_json::from_value(json!({
-            "metadata": {"name": name, "uid": format!("uid-{name}")},
-            "spec": {"containers": [],
-                     "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": claim}}]},
-            "status": {"phase": phase}
-        }))
-        .expect("pod")
+    fn pod(name: &str, claim: &str, phase: &str) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "uid": format!("uid-{name}")},
+                "spec": {"containers": [],
+                         "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": claim}}]},
+                "status": {"phase": phase}
+            }))
+            .expect("pod"),
+        )
     }
 
     #[test]
@@ -212,7 +229,7 @@ mod tests {
             named,
             users,
             statefulset,
-        } = read_pods("runner", "cache", &pods, &[])
+        } = read_pods("runner", "cache", Some(&pods[0]), &pods, &[])
         else {
             panic!("read");
         };
@@ -220,5 +237,11 @@ mod tests {
         let names: Vec<&str> = users.iter().map(|u| u.name.as_str()).collect();
         assert_eq!(names, ["runner", "reader"]);
         assert_eq!(statefulset, None);
+        // Another pod than the one of that name (a wrong lookup) is never taken for it.
+        let PodRead::Read { named, .. } = read_pods("runner", "cache", Some(&pods[1]), &pods, &[])
+        else {
+            panic!("read");
+        };
+        assert_eq!(named, None);
     }
 }

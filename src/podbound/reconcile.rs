@@ -1,5 +1,14 @@
-//! One pass over one opted-in claim: observe → decide → confirm (a live list of the namespace's
-//! pods and StatefulSets, decide again) → act.
+//! One pass over one opted-in claim: observe → decide on the shared caches → confirm → act.
+//!
+//! Confirm: a write is carried out only if decided again on a read as fresh as it needs
+//! ([`Plan::needs`]). Skipping, waiting and refusing need only the caches, so the passes that
+//! repeat (a claim waiting for its pod every 5 s, a refused one every 60 s, every claim when this
+//! replica becomes leader) send no request. A binding first lists the named pod by name (field
+//! selector) and gets the StatefulSets that could make the claim: the binding is to that pod's UID,
+//! and a cache that lags could still hold a pod since replaced by one of the same name. A deletion
+//! first lists the namespace's pods, as every pass did before the caches were shared: that no pod
+//! of the name exists and none that has not finished mounts the claim is read live, once, right
+//! before the delete (which carries the claim's UID and resourceVersion).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,14 +16,16 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::Client;
 use kube::api::{Api, ListParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::Store;
+use kube::{Client, ResourceExt};
 
 use super::act::Binder;
 use super::decide::{Plan, decide};
-use super::observe::{PodRead, observe, read_pods};
+use super::observe::{ClaimFacts, Fresh, PodRead, observe, read_pods};
+use crate::caches::{Caches, Claim, candidate_sets, makes_claim};
 use crate::error::{Error, Result};
 use crate::leader::Leadership;
 use crate::pass::Runner;
@@ -26,6 +37,10 @@ const REFUSED_RECHECK: Duration = Duration::from_secs(60);
 
 pub struct Context {
     pub client: Client,
+    /// The shared caches: pods and StatefulSets are read from them.
+    pub caches: Caches,
+    /// The claims (the shared ones, in the kube store the Controller reads from).
+    pub claims: Store<Claim>,
     pub binder: Binder,
     pub grace: Duration,
     pub leadership: Arc<Leadership>,
@@ -33,11 +48,10 @@ pub struct Context {
     pub runner: Runner<Claim>,
 }
 
-type Claim = PartialObjectMeta<PersistentVolumeClaim>;
-
 impl Context {
     pub fn new(
         client: Client,
+        (caches, claims): (Caches, Store<Claim>),
         binder: Binder,
         grace: Duration,
         leadership: Arc<Leadership>,
@@ -45,6 +59,8 @@ impl Context {
     ) -> Self {
         Context {
             client,
+            caches,
+            claims,
             binder,
             grace,
             leadership,
@@ -58,13 +74,12 @@ impl Context {
         }
         let facts = observe(claim);
         let mut plan = decide(&facts, &PodRead::NotRead, Timestamp::now(), self.grace);
-        if plan == Plan::ReadPods {
-            let pods = self.list::<Pod>(&facts.namespace, "list pods").await?;
-            let sets = self
-                .list::<StatefulSet>(&facts.namespace, "list statefulsets")
-                .await?;
-            let pod = facts.pod.clone().unwrap_or_default();
-            let read = read_pods(&pod, &facts.name, &pods, &sets);
+        // Decided again on a fresher read for as long as the plan needs one (at most three reads:
+        // the caches, the named pod, the namespace).
+        let mut fresh = None;
+        while plan.needs() > fresh {
+            fresh = plan.needs();
+            let read = self.read(&facts, fresh.unwrap_or(Fresh::Cached)).await?;
             plan = decide(&facts, &read, Timestamp::now(), self.grace);
         }
         match plan {
@@ -79,27 +94,67 @@ impl Context {
             }
             Plan::Wait(left) => Ok(Action::requeue(left.min(WAIT_POLL))),
             Plan::Refuse(reason, note) => {
-                // Reported once per claim and note (the reporter remembers it).
+                // Reported once per claim and note (the reporter remembers it, until the claim goes).
                 self.binder.refuse(&facts, reason, note).await;
                 Ok(Action::requeue(REFUSED_RECHECK))
             }
         }
     }
 
-    async fn list<K>(&self, ns: &str, what: &'static str) -> Result<Vec<K>>
-    where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-        K::DynamicType: Default,
-    {
-        let api: Api<K> = Api::namespaced(self.client.clone(), ns);
-        Ok(api
-            .list(&ListParams::default())
+    /// The pod the claim names, the pods that mount it and the StatefulSets that could make it:
+    /// from the caches, or read live as `fresh` says.
+    async fn read(&self, facts: &ClaimFacts, fresh: Fresh) -> Result<PodRead> {
+        let (ns, claim) = (facts.namespace.as_str(), facts.name.as_str());
+        let name = facts.pod.as_deref().unwrap_or_default();
+        let pods = &self.caches.pods;
+        let (named, users, sets) = match fresh {
+            Fresh::Cached => (
+                pods.get(ns, name),
+                pods.users(ns, claim),
+                self.caches.sets_of_claim(ns, claim),
+            ),
+            Fresh::Named => {
+                let named = self.list_pods(ns, Some(name)).await?.into_iter().next();
+                let sets = self.live_sets(ns, claim).await?;
+                (named, pods.users(ns, claim), sets)
+            }
+            Fresh::Namespace => {
+                let all = self.list_pods(ns, None).await?;
+                let named = all.iter().find(|p| p.name_any() == name).cloned();
+                (named, all, self.live_sets(ns, claim).await?)
+            }
+        };
+        Ok(read_pods(name, claim, named.as_deref(), &users, &sets))
+    }
+
+    /// The pods of `ns` (only the one of that name with `name`, by field selector: a list, for
+    /// which the controller has the right, rather than a get).
+    async fn list_pods(&self, ns: &str, name: Option<&str>) -> Result<Vec<Arc<Pod>>> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let params = match name {
+            Some(name) => ListParams::default().fields(&format!("metadata.name={name}")),
+            None => ListParams::default(),
+        };
+        let list = api
+            .list(&params)
             .await
-            .map_err(Error::kube(what, ns))?
-            .items)
+            .map_err(Error::kube("list pods", ns))?;
+        Ok(list.items.into_iter().map(Arc::new).collect())
+    }
+
+    /// The StatefulSets of `ns` that make a claim of this name, read by name (a handful of gets,
+    /// none for a claim not named `<template>-<set>-<ordinal>`).
+    async fn live_sets(&self, ns: &str, claim: &str) -> Result<Vec<Arc<StatefulSet>>> {
+        let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), ns);
+        let mut sets = Vec::new();
+        for name in candidate_sets(claim) {
+            let set = api
+                .get_opt(name)
+                .await
+                .map_err(Error::kube("get statefulset", name))?;
+            sets.extend(set.filter(|s| makes_claim(s, claim)).map(Arc::new));
+        }
+        Ok(sets)
     }
 }
 

@@ -27,6 +27,10 @@ use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use crate::cli::Args;
+use crate::leader::Leadership;
+use crate::metrics::Metrics;
+use crate::pass;
 use crate::resuming::{WatchBackoff, resuming};
 use observe::{CONTROLLER_ID_ANNOTATION, SCRUB_PV_LABEL};
 use reconcile::{Context, error_policy, reconcile};
@@ -94,7 +98,7 @@ impl Watches {
     }
 }
 
-/// What `/metrics` and `/readyz` read of the releaser.
+/// What `/metrics` (the pool gauge) and `/readyz` read of the releaser.
 #[derive(Clone)]
 pub struct Pool {
     pub pvs: Store<PersistentVolume>,
@@ -112,6 +116,56 @@ impl Pool {
         let _ = self.pvs.wait_until_ready().await;
         let _ = self.classes.wait_until_ready().await;
     }
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("id", &self.id).finish()
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct PoolLabels {
+    class: String,
+    phase: String,
+}
+
+/// `scaledown_pv_pool_volumes`, computed from the caches at each scrape (left out while no class
+/// carries the id, as an empty family is). Registered by the wiring when the releaser runs.
+impl prometheus_client::collector::Collector for Pool {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> std::fmt::Result {
+        encode_pool(&mut encoder, &self.counts())
+    }
+}
+
+/// Writes `pv_pool_volumes` from these counts per (class, phase).
+pub fn encode_pool(
+    encoder: &mut prometheus_client::encoding::DescriptorEncoder,
+    counts: &BTreeMap<(String, String), usize>,
+) -> std::fmt::Result {
+    use prometheus_client::encoding::EncodeMetric;
+    use prometheus_client::metrics::gauge::ConstGauge;
+    if counts.is_empty() {
+        return Ok(());
+    }
+    let mut family = encoder.encode_descriptor(
+        "pv_pool_volumes",
+        "PersistentVolumes of StorageClasses with this releaser's id, by class and phase.",
+        None,
+        prometheus_client::metrics::MetricType::Gauge,
+    )?;
+    for ((class, phase), n) in counts {
+        let labels = PoolLabels {
+            class: class.clone(),
+            phase: phase.clone(),
+        };
+        let gauge = ConstGauge::new(i64::try_from(*n).unwrap_or(i64::MAX));
+        gauge.encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
 /// PVs of the StorageClasses with `id`, counted by class and phase (for `scaledown_pv_pool_volumes`,
@@ -151,6 +205,34 @@ pub fn pool(
         *counts.entry((class, phase)).or_default() += 1;
     }
     counts
+}
+
+/// The PV releaser's pass context: its writer, the StorageClass cache and the scrub pods.
+pub fn context(
+    args: &Args,
+    client: &Client,
+    pool: &Pool,
+    (scrub_pods, scrub_ns): (Store<Pod>, Option<String>),
+    metrics: &Arc<Metrics>,
+    leadership: &Arc<Leadership>,
+) -> Arc<Context> {
+    let (reporter, runner) = pass::from_args(pass::Controller::Releaser, args, client, metrics);
+    let writer = act::Releaser::new(
+        client.clone(),
+        reporter,
+        metrics.clone(),
+        leadership.clone(),
+    );
+    Arc::new(Context::new(
+        client.clone(),
+        pool.classes.clone(),
+        scrub_pods,
+        scrub_ns,
+        pool.id.clone(),
+        writer,
+        leadership.clone(),
+        runner,
+    ))
 }
 
 /// kube's Controller over PVs, woken also by a change of their StorageClass, as one future that

@@ -8,6 +8,92 @@
 
 pub mod act;
 pub mod decide;
+pub mod gauges;
 pub mod observe;
 pub mod reconcile;
 pub mod watch;
+
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use kube::Client;
+use kube::runtime::controller::{self, Controller};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::caches::Caches;
+use crate::cli::Args;
+use crate::leader::Leadership;
+use crate::metrics::Metrics;
+use crate::pass;
+use crate::resuming::WatchBackoff;
+use act::Actor;
+use reconcile::{Context, error_policy, reconcile};
+use watch::{Stores, Watches};
+
+/// What every pass shares: client, caches, policy, the writer and the per-set memory.
+pub fn context(
+    args: &Args,
+    client: &Client,
+    stores: Stores,
+    metrics: &Arc<Metrics>,
+    leadership: &Arc<Leadership>,
+) -> Arc<Context> {
+    let (reporter, runner) = pass::from_args(pass::Controller::Scaledown, args, client, metrics);
+    let actor = Actor::new(
+        client.clone(),
+        reporter,
+        metrics.clone(),
+        leadership.clone(),
+    );
+    Arc::new(Context::new(
+        client.clone(),
+        stores,
+        args.policy(),
+        actor,
+        leadership.clone(),
+        args.resync_period,
+        runner,
+    ))
+}
+
+/// kube's Controller over the StatefulSets, woken by changes of their claims, pods and cleanup
+/// pods, as one future; after `stop` it takes no new work and ends once the running passes have.
+pub fn controller(
+    watches: Watches,
+    caches: &Caches,
+    ctx: Arc<Context>,
+    concurrency: u16,
+    became_leader: impl Stream<Item = ()> + Send + 'static,
+    stop: &CancellationToken,
+) -> impl Future<Output = ()> + Send + 'static {
+    let Watches {
+        stores,
+        cleanup_pods,
+    } = watches;
+    let cached_sets = stores.sets.clone();
+    Controller::for_shared_stream(caches.set_changes(), stores.sets)
+        .with_config(controller::Config::default().concurrency(concurrency))
+        // The watches never yield errors; should one ever reach the Controller, retry soon.
+        .trigger_backoff(WatchBackoff::default())
+        .watches_shared_stream(caches.claim_changes(true), move |claim| {
+            watch::sets_of_claim(claim.as_ref(), &cached_sets)
+        })
+        .watches_shared_stream(caches.pod_changes(), |pod| watch::set_of_pod(pod.as_ref()))
+        .watches_stream(cleanup_pods, |pod| watch::set_of_pod(&pod))
+        // A new leader looks at every set at once instead of waiting for the resync.
+        .reconcile_all_on(became_leader)
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((set, _)) => debug!(set = %set.name, "reconciled"),
+                // Already logged and counted by error_policy.
+                Err(controller::Error::ReconcilerFailed(..)) => {}
+                Err(controller::Error::ObjectNotFound(set)) => {
+                    debug!(set = %set.name, "gone before its reconcile")
+                }
+                Err(e) => warn!(error = %e, "watch or queue error"),
+            }
+        })
+}

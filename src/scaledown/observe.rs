@@ -249,7 +249,7 @@ pub struct Sources<'a> {
     /// StatefulSets of the namespace (for claim names that fit two sets).
     pub sets: &'a [Arc<StatefulSet>],
     pub claims: &'a [Arc<PartialObjectMeta<PersistentVolumeClaim>>],
-    /// Pods, pruned to what we read (see `watch::prune_pod`): names, owners, claim volumes, phase.
+    /// Pods, pruned to what we read (see `caches::prune_pod`): names, owners, claim volumes, phase.
     pub pods: &'a [Arc<Pod>],
     /// Full cleanup pods (label `scaledown-pod`), for their failure details.
     pub cleanup_pods: &'a [Arc<Pod>],

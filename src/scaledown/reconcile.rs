@@ -27,7 +27,7 @@ use crate::scaledown::decide::{self, Confirm, Plan, Policy, Step, Verdict, decid
 use crate::scaledown::observe::{
     self, Observed, Phase, PodFacts, PodRole, Rejection, SetFacts, SetRead, Sources,
 };
-use crate::scaledown::watch::{self, Stores};
+use crate::scaledown::watch::Stores;
 
 /// How long a cleanup pod we created counts as in flight (and is not created again) before the
 /// cache shows it. Short: a pod deleted by someone else before our watch saw it (the StatefulSet
@@ -456,7 +456,7 @@ impl Context {
 /// The claims, pods and cleanup pods of a namespace, read from the API server just now.
 pub struct Listed {
     pub claims: Vec<Arc<kube::core::PartialObjectMeta<PersistentVolumeClaim>>>,
-    /// Pruned as the pod cache is (`watch::prune_pod`).
+    /// Pruned as the pod cache is (`caches::prune_pod`).
     pub pods: Vec<Arc<Pod>>,
     /// Whole, as the cleanup-pod cache keeps them.
     pub cleanup_pods: Vec<Arc<Pod>>,
@@ -483,7 +483,7 @@ pub async fn list_namespace(client: &Client, ns: &str) -> Result<Listed> {
         .filter(|p| p.labels().contains_key(naming::CLEANUP_LABEL))
         .cloned()
         .collect();
-    pods.iter_mut().for_each(watch::prune_pod);
+    pods.iter_mut().for_each(crate::caches::prune_pod);
     Ok(Listed {
         claims: arcs(claims),
         pods: arcs(pods),

@@ -1,84 +1,97 @@
-//! WATCH: the caches we decide from and the mapping of every change to the StatefulSet it concerns.
+//! WATCH: the caches a pass decides from, and the mapping of every change to the StatefulSet it
+//! concerns.
 //!
-//! Four watches: StatefulSets (full objects: spec and annotations are read), claims as metadata
-//! only, every pod pruned to what observe reads (`prune_pod`), and cleanup pods (label
-//! `scaledown-pod`) in full, for their failure details. Claims and pods live in [`Index`]es, so
-//! that one pass gathers what its set has ([`Stores::slice`]) without copying whole caches.
-//!
-//! Every watch runs under [`crate::resuming`]: after an error it waits a short, capped backoff and
-//! goes on from its last resourceVersion (lists again only after 410 Gone, then at once), so the
-//! controller is back within seconds of the API server, and the changes it missed arrive as events.
+//! Three of the four watches are shared with the other controllers (`crate::caches`):
+//! StatefulSets (full objects: spec and annotations are read), claims as metadata only and every
+//! pod pruned to what observe reads. The fourth is the scale-down controller's own: cleanup pods
+//! (label `scaledown-pod`) in full, for their failure details. Claims and pods live in [`Index`]es,
+//! so that one pass gathers what its set has ([`Stores::slice`]) without copying whole caches.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use kube::core::PartialObjectMeta;
-use std::collections::BTreeMap;
-
+use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Resource, ResourceExt};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
 
-use crate::index::{Index, Keys};
+use crate::caches::{self, Caches, Claim, LIST_PAGE_SIZE, PodCache, claim_templates};
+use crate::index::Index;
 use crate::naming;
 
-mod pods;
-pub use pods::{PodCache, needs_spec};
-
-/// The caches, shared by the controller and the HTTP readiness probe.
+/// The caches a pass reads, shared by the controller and its readiness and metrics.
 #[derive(Clone)]
 pub struct Stores {
     pub sets: Store<StatefulSet>,
-    pub claims: Index<PartialObjectMeta<PersistentVolumeClaim>>,
+    pub claims: Index<Claim>,
     /// Every pod: pruned by `prune_pod` where observe reads more than its name, else by name only.
     pub pods: PodCache,
     pub cleanup_pods: Index<Pod>,
 }
 
-/// A pod is also found by the names of the claims it mounts (their users).
-impl Keys for Pod {
-    fn keys(&self) -> Vec<String> {
-        self.spec
-            .iter()
-            .flat_map(|s| s.volumes.iter().flatten())
-            .filter_map(|v| Some(v.persistent_volume_claim.as_ref()?.claim_name.clone()))
-            .collect()
-    }
+/// The caches, and the change stream of the one watch the scale-down controller has to itself.
+pub struct Watches {
+    pub stores: Stores,
+    /// Cleanup pods as they change (the watch restores itself: it never yields an error).
+    pub cleanup_pods: BoxStream<'static, watcher::Result<Pod>>,
 }
 
-impl Keys for PartialObjectMeta<PersistentVolumeClaim> {}
+impl Watches {
+    /// The shared `caches`, and a watch of the cleanup pods of `ns` (or all).
+    pub fn new(client: &Client, ns: Option<&str>, caches: &Caches) -> Watches {
+        let config = watcher::Config::default()
+            .page_size(LIST_PAGE_SIZE)
+            .labels(naming::CLEANUP_LABEL);
+        let cleanup_pods = Index::default();
+        let stream = caches::resuming(
+            "cleanup pods",
+            caches::api(client, ns),
+            config,
+            |p: &mut Pod| p.managed_fields_mut().clear(),
+        );
+        let changes = stream
+            .map_ok({
+                let index = cleanup_pods.clone();
+                move |event| {
+                    index.apply(&event);
+                    event
+                }
+            })
+            .touched_objects()
+            .boxed();
+        Watches {
+            stores: Stores {
+                sets: caches.sets.clone(),
+                claims: caches.claims.clone(),
+                pods: caches.pods.clone(),
+                cleanup_pods,
+            },
+            cleanup_pods: changes,
+        }
+    }
+}
 
 /// What one pass over a set looks at, gathered from the caches: see [`Stores::slice`].
 #[derive(Default)]
 pub struct Slice {
     pub sets: Vec<Arc<StatefulSet>>,
-    pub claims: Vec<Arc<PartialObjectMeta<PersistentVolumeClaim>>>,
+    pub claims: Vec<Arc<Claim>>,
     pub pods: Vec<Arc<Pod>>,
     pub cleanup_pods: Vec<Arc<Pod>>,
 }
 
 impl Stores {
     /// Waits until every cache has its first full list.
-    ///
-    /// A store's readiness wakes only the last task that waited on it (kube-runtime keeps a single
-    /// oneshot receiver for all waiters), and the Controller waits on the StatefulSet store too. So
-    /// readiness is polled again on a short tick instead of trusting one wake-up.
     pub async fn ready(&self) -> Result<(), crate::error::Error> {
-        loop {
-            match tokio::time::timeout(READY_POLL, self.sets.wait_until_ready()).await {
-                Ok(result) => {
-                    result.map_err(|_| crate::error::Error::CacheNotReady("statefulset"))?;
-                    break;
-                }
-                Err(_elapsed) => continue,
-            }
-        }
+        caches::sets_ready(&self.sets).await?;
         self.claims.wait_ready().await;
         self.pods.wait_ready().await;
         self.cleanup_pods.wait_ready().await;
         Ok(())
     }
-
     /// The objects a pass over `set` looks at: its claims (by name prefix per claim template),
     /// the pods named after it and the pods that mount its claims, its cleanup pods, and the other
     /// StatefulSets whose claims could carry the same names. O(what the set has), not O(cluster).
@@ -103,7 +116,7 @@ impl Stores {
             for user in self.pods.users(&ns, claim) {
                 pods.insert(user.name_any(), user);
             }
-            for other in sets_of_claim_name(&ns, claim, &self.sets) {
+            for other in caches::sets_of_claim_name(&ns, claim, &self.sets) {
                 if other.name_any() != name {
                     sets.insert(other.name_any(), other);
                 }
@@ -117,45 +130,6 @@ impl Stores {
         }
     }
 }
-
-fn claim_templates(set: &StatefulSet) -> impl Iterator<Item = &str> {
-    set.spec
-        .iter()
-        .flat_map(|spec| spec.volume_claim_templates.iter().flatten())
-        .filter_map(|t| t.metadata.name.as_deref())
-}
-
-/// The names a StatefulSet must have for `claim` to be one of its claims: `claim` is
-/// `<template>-<set>-<ordinal>` and both template and set may contain dashes, so every dash before
-/// the ordinal may end the template.
-pub fn candidate_sets(claim: &str) -> Vec<&str> {
-    let Some(last) = claim.rfind('-') else {
-        return Vec::new();
-    };
-    if naming::parse_ordinal(&claim[last + 1..]).is_none() {
-        return Vec::new();
-    }
-    claim[..last]
-        .match_indices('-')
-        .map(|(i, _)| &claim[i + 1..last])
-        .filter(|set| !set.is_empty())
-        .collect()
-}
-
-/// The StatefulSets of `ns` whose claim templates give a claim the name `claim`.
-fn sets_of_claim_name(ns: &str, claim: &str, sets: &Store<StatefulSet>) -> Vec<Arc<StatefulSet>> {
-    candidate_sets(claim)
-        .into_iter()
-        .filter_map(|name| sets.get(&ObjectRef::new(name).within(ns)))
-        .filter(|set| {
-            let name = set.name_any();
-            claim_templates(set).any(|t| naming::claim_ordinal(claim, t, &name).is_some())
-        })
-        .collect()
-}
-
-/// How often a wait for cache readiness looks again.
-const READY_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The StatefulSet a pod concerns: the owner annotation of a cleanup pod, else its StatefulSet
 /// controller.
@@ -190,79 +164,17 @@ pub fn sets_of_claim<K: Resource>(
     ) else {
         return Vec::new();
     };
-    sets_of_claim_name(ns, name, sets)
+    caches::sets_of_claim_name(ns, name, sets)
         .iter()
         .map(|s| ObjectRef::from(s.as_ref()))
         .collect()
-}
-
-/// Prunes a pod to what observe reads: identity, owners, our annotations and label, the claims it
-/// mounts, its node, our gate and its phase. The rest (containers, env, status details) is dropped
-/// so the cache of every pod in the cluster stays small.
-pub fn prune_pod(pod: &mut Pod) {
-    use k8s_openapi::api::core::v1::{PodSpec, PodStatus, Volume};
-    let meta = &mut pod.metadata;
-    meta.managed_fields = None;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.retain(|k, _| k == naming::OWNER_ANNOTATION || k == naming::ATTEMPT_ANNOTATION);
-    }
-    if let Some(labels) = meta.labels.as_mut() {
-        labels.retain(|k, _| k == naming::CLEANUP_LABEL);
-    }
-    let spec = pod.spec.take().map(|spec| PodSpec {
-        volumes: spec.volumes.map(|vs| {
-            vs.into_iter()
-                .filter(|v| v.persistent_volume_claim.is_some())
-                .map(|v| Volume {
-                    name: v.name,
-                    persistent_volume_claim: v.persistent_volume_claim,
-                    ..Default::default()
-                })
-                .collect()
-        }),
-        node_name: spec.node_name,
-        scheduling_gates: spec.scheduling_gates,
-        ..Default::default()
-    });
-    pod.spec = spec;
-    pod.status = pod.status.take().map(|status| PodStatus {
-        phase: status.phase,
-        reason: status.reason,
-        start_time: status.start_time,
-        ..Default::default()
-    });
-}
-
-/// Prunes a StatefulSet to what observe reads: its managed fields, the `kubectl apply` copy of
-/// itself and its pod template (only the claim templates and the annotations are read) are dropped.
-/// With a thousand sets these are most of the cache.
-pub fn prune_set(set: &mut StatefulSet) {
-    let meta = &mut set.metadata;
-    meta.managed_fields = None;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.remove(LAST_APPLIED);
-    }
-    if let Some(spec) = set.spec.as_mut() {
-        spec.template = Default::default();
-    }
-}
-
-/// The annotation `kubectl apply` keeps a copy of the whole object in.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
-/// Drops what we never read, so the caches stay small.
-pub fn prune_meta<K: Resource>(obj: &mut K, keep_annotations: &[&str]) {
-    let meta = obj.meta_mut();
-    meta.managed_fields = None;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.retain(|k, _| keep_annotations.contains(&k.as_str()));
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::api::apps::v1::StatefulSetSpec;
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
     fn set(ns: &str, name: &str, templates: &[&str]) -> Arc<StatefulSet> {
@@ -311,15 +223,6 @@ mod tests {
     }
 
     #[test]
-    fn candidates_are_every_split_before_the_ordinal() {
-        assert_eq!(candidate_sets("data-web-2-0"), ["web-2", "2"]);
-        assert_eq!(candidate_sets("b-c-a-1"), ["c-a", "a"]);
-        assert!(candidate_sets("data-web-01").is_empty());
-        assert!(candidate_sets("data--0").is_empty());
-        assert!(candidate_sets("plain").is_empty());
-    }
-
-    #[test]
     fn claims_map_to_every_set_they_fit() {
         let sets = store(vec![
             set("ns", "web", &["data"]),
@@ -341,33 +244,6 @@ mod tests {
         assert_eq!(names("b-c-a-1"), ["a", "c-a"]);
         assert!(names("data-web-02").is_empty());
         assert!(names("unrelated").is_empty());
-    }
-
-    #[test]
-    fn a_pruned_set_keeps_what_observe_reads() {
-        let mut full: StatefulSet = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "web", "namespace": "ns", "uid": "u", "generation": 2,
-                "annotations": {LAST_APPLIED: "{}", naming::TEMPLATE_ANNOTATION: "{\"spec\":{}}"},
-                "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
-            "spec": {"replicas": 2, "serviceName": "web", "selector": {},
-                "template": {"spec": {"containers": [{"name": "app", "image": "app"}]}},
-                "volumeClaimTemplates": [{"metadata": {"name": "data"}}]},
-            "status": {"replicas": 2}
-        }))
-        .expect("a set");
-        let before = observe_facts(&full);
-        prune_set(&mut full);
-        assert!(full.metadata.managed_fields.is_none());
-        assert!(!full.annotations().contains_key(LAST_APPLIED));
-        assert_eq!(
-            full.spec.as_ref().map(|s| &s.template),
-            Some(&Default::default())
-        );
-        assert_eq!(observe_facts(&full), before, "observe sees the same set");
-    }
-
-    fn observe_facts(set: &StatefulSet) -> String {
-        format!("{:?}", crate::scaledown::observe::set_facts(set))
     }
 
     #[test]

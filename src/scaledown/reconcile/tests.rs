@@ -9,13 +9,13 @@ use kube::runtime::watcher::Event;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::caches::PodCache;
 use crate::error::Category;
 use crate::index::{Index, Keys};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::mock_api::{self, Answer, Log, Sent};
 use crate::scaledown::observe::{Record, format_records};
-use crate::scaledown::watch::PodCache;
 
 const SET_PATH: &str = "/apis/apps/v1/namespaces/ns/statefulsets/web";
 const CLAIMS: &str = "/api/v1/namespaces/ns/persistentvolumeclaims";

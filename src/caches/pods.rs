@@ -2,12 +2,16 @@
 //!
 //! Observe reads three kinds of pod: the pods that mount a claim (a claim in use is never
 //! deleted), the pods of StatefulSets and the pods that look like cleanup pods (their roles), and
-//! any other pod named after an ordinal (it holds the name: [`crate::scaledown::observe`] calls it
+//! any other pod named after an ordinal (it holds the name: `crate::scaledown::observe` calls it
 //! foreign). Only the first two need more than a name. Most pods of a cluster are of the third kind
 //! (Deployments, Jobs, DaemonSets without claims), so those are kept as a name, a UID and a
 //! deletion mark under their namespace ([`Named`]: about 0.12 KiB each, where a
 //! `PartialObjectMeta` took about 0.55 KiB and a pruned `Pod` 3 KiB or more), and rebuilt as a bare
 //! `Pod` only when a pass asks for the pods named after its set.
+//!
+//! Pod-bound claims (`crate::podbound`) read no more: the pod a claim names (its UID, and whether a
+//! StatefulSet owns it: such a pod is kept in full) and the pods that mount the claim (kept in full,
+//! with their phase).
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
@@ -35,6 +39,22 @@ pub struct PodCache {
 struct NamedPod {
     uid: Box<str>,
     deleting: bool,
+}
+
+impl NamedPod {
+    /// The pod as a `Pod` with only that metadata (its deletion mark as the epoch).
+    fn bare(&self, ns: &str, name: &str) -> Arc<Pod> {
+        Arc::new(Pod {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(ns.to_string()),
+                uid: Some(self.uid.to_string()),
+                deletion_timestamp: self.deleting.then(|| Time(Default::default())),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    }
 }
 
 /// namespace → name → pod.
@@ -138,19 +158,14 @@ impl Named {
         names
             .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
             .take_while(|(name, _)| name.starts_with(prefix))
-            .map(|(name, pod)| {
-                Arc::new(Pod {
-                    metadata: ObjectMeta {
-                        name: Some(name.to_string()),
-                        namespace: Some(ns.to_string()),
-                        uid: Some(pod.uid.to_string()),
-                        deletion_timestamp: pod.deleting.then(|| Time(Default::default())),
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                })
-            })
+            .map(|(name, pod)| pod.bare(ns, name))
             .collect()
+    }
+
+    /// The pod `name` of `ns`, as a bare pod.
+    fn get(&self, ns: &str, name: &str) -> Option<Arc<Pod>> {
+        let inner = self.read();
+        Some(inner.pods.get(ns)?.get(name)?.bare(ns, name))
     }
 
     fn len(&self) -> usize {
@@ -218,6 +233,11 @@ impl PodCache {
         let mut pods = self.full.prefixed(ns, prefix);
         pods.extend(self.named.prefixed(ns, prefix));
         pods
+    }
+
+    /// The pod `name` of `ns`: in full, or bare (name, UID, deletion mark) if it is kept by name.
+    pub fn get(&self, ns: &str, name: &str) -> Option<Arc<Pod>> {
+        (self.full.get(ns, name)).or_else(|| self.named.get(ns, name))
     }
 
     /// The pods of `ns` that mount the claim `claim`.
@@ -302,6 +322,21 @@ mod tests {
         let bare = &pods[2];
         assert_eq!(bare.uid().as_deref(), Some("u-web-2"));
         assert!(bare.spec.is_none() && bare.labels().is_empty());
+        let got = |name: &str| {
+            let pod = cache.get("ns", name)?;
+            Some((pod.uid(), !pod.owner_references().is_empty()))
+        };
+        assert_eq!(
+            got("web-0"),
+            Some((Some("s0".into()), true)),
+            "kept in full"
+        );
+        assert_eq!(
+            got("web-2"),
+            Some((Some("u-web-2".into()), false)),
+            "kept by name"
+        );
+        assert_eq!(got("web-9"), None);
     }
 
     #[test]
