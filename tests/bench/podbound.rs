@@ -181,8 +181,9 @@ struct Counters {
 
 async fn counters(controller: &UnderTest) -> Counters {
     let passes = match probe::http_get(controller.metrics_port, "/metrics").await {
+        // Pod-bound's passes: the counter is labelled by controller.
         Some((200, body)) => probe::samples(&body)
-            .get("scaledown_reconciles_total")
+            .get(r#"scaledown_reconciles_total{controller="pod-bound"}"#)
             .copied()
             .unwrap_or(f64::NAN),
         _ => f64::NAN,
