@@ -65,6 +65,26 @@ impl Log {
     }
 }
 
+impl Log {
+    /// The Events published, as `Type Reason: note`, with ` (series N)` when kube's Recorder sent
+    /// it as a repeat of an Event of the same reason on the same object.
+    pub fn published(&self) -> Vec<String> {
+        let field = |s: &Sent, k: &str| s.body[k].as_str().unwrap_or_default().to_string();
+        self.all()
+            .iter()
+            .filter(|s| s.is_event() && matches!(s.method.as_str(), "POST" | "PATCH"))
+            .map(|s| {
+                let (kind, reason, note) = (field(s, "type"), field(s, "reason"), field(s, "note"));
+                let series = match s.method.as_str() {
+                    "PATCH" => format!(" (series {})", s.body["series"]["count"]),
+                    _ => String::new(),
+                };
+                format!("{kind} {reason}: {note}{series}")
+            })
+            .collect()
+    }
+}
+
 /// A client whose requests `answer` answers. Events are accepted (201, echoed) without asking it.
 pub fn serve<F>(answer: F) -> (Client, Log)
 where

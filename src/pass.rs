@@ -262,6 +262,24 @@ where
     (reporter, runner)
 }
 
+/// [`parts`] for unit tests: Events under the reporting controller "test".
+#[cfg(test)]
+pub fn test_parts<K>(
+    controller: Controller,
+    client: &kube::Client,
+    metrics: &Arc<Metrics>,
+    dry_run: bool,
+) -> (Arc<Reporter>, Runner<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let identity = kube::runtime::events::Reporter {
+        controller: "test".into(),
+        instance: None,
+    };
+    parts(controller, client, identity, metrics, dry_run)
+}
+
 /// Counts one running pass for as long as it lives (also when it is dropped half-way).
 struct Running<'a>(&'a watch::Sender<usize>);
 

@@ -166,30 +166,8 @@ mod requests;
 
 #[cfg(test)]
 mod tests {
+    use super::requests::{claim, pods};
     use super::*;
-
-    fn claim(owners: Vec<(String, String, String)>) -> ClaimFacts {
-        ClaimFacts {
-            namespace: "ns".into(),
-            name: "cache".into(),
-            uid: "uid-claim".into(),
-            resource_version: "5".into(),
-            pod: Some("runner".into()),
-            created: None,
-            deleting: false,
-            owners,
-        }
-    }
-
-    fn pods(names: &[&str]) -> Vec<PodRef> {
-        names
-            .iter()
-            .map(|n| PodRef {
-                name: n.to_string(),
-                uid: format!("uid-{n}"),
-            })
-            .collect()
-    }
 
     fn live(owners: serde_json::Value, rv: &str) -> serde_json::Value {
         let mut meta = json!({"name": "cache", "uid": "uid-claim", "resourceVersion": rv});
@@ -247,14 +225,9 @@ mod tests {
     async fn under_dry_run_the_writes_are_dry_run_events_only() {
         let (client, log) = crate::mock_api::serve(|_| crate::mock_api::deleted());
         let metrics = Arc::new(crate::metrics::Metrics::default());
-        let identity = kube::runtime::events::Reporter {
-            controller: "test".into(),
-            instance: None,
-        };
-        let (reporter, _) = crate::pass::parts::<PersistentVolumeClaim>(
+        let (reporter, _) = crate::pass::test_parts::<PersistentVolumeClaim>(
             crate::pass::Controller::PodBound,
             &client,
-            identity,
             &metrics,
             true,
         );

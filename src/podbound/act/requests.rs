@@ -12,7 +12,7 @@ use crate::mock_api::{self, Answer, Log, Sent};
 
 const CLAIM_PATH: &str = "/api/v1/namespaces/ns/persistentvolumeclaims/cache";
 
-fn claim(owners: Vec<(String, String, String)>) -> ClaimFacts {
+pub(super) fn claim(owners: Vec<(String, String, String)>) -> ClaimFacts {
     ClaimFacts {
         namespace: "ns".into(),
         name: "cache".into(),
@@ -25,7 +25,7 @@ fn claim(owners: Vec<(String, String, String)>) -> ClaimFacts {
     }
 }
 
-fn pods(names: &[&str]) -> Vec<PodRef> {
+pub(super) fn pods(names: &[&str]) -> Vec<PodRef> {
     names
         .iter()
         .map(|n| PodRef {
@@ -36,15 +36,10 @@ fn pods(names: &[&str]) -> Vec<PodRef> {
 }
 
 fn binder(client: Client, leadership: Leadership, dry_run: bool) -> Binder {
-    let identity = kube::runtime::events::Reporter {
-        controller: "statefulset-scaledown-controller".into(),
-        instance: None,
-    };
     let metrics = Arc::new(Metrics::default());
-    let (reporter, _) = crate::pass::parts::<PersistentVolumeClaim>(
+    let (reporter, _) = crate::pass::test_parts::<PersistentVolumeClaim>(
         crate::pass::Controller::PodBound,
         &client,
-        identity,
         &metrics,
         dry_run,
     );
@@ -57,25 +52,6 @@ where
 {
     let (client, log) = mock_api::serve(answer);
     (binder(client, Leadership::always(), false), log)
-}
-
-/// The Events published, as `Type Reason: note`, with ` (series N)` when kube's Recorder sent it
-/// as a repeat of an Event of the same reason on the same object (the one place these tests read
-/// Events).
-fn published(log: &Log) -> Vec<String> {
-    let field = |s: &Sent, k: &str| s.body[k].as_str().unwrap_or_default().to_string();
-    log.all()
-        .iter()
-        .filter(|s| s.is_event() && matches!(s.method.as_str(), "POST" | "PATCH"))
-        .map(|s| {
-            let (kind, reason, note) = (field(s, "type"), field(s, "reason"), field(s, "note"));
-            let series = match s.method.as_str() {
-                "PATCH" => format!(" (series {})", s.body["series"]["count"]),
-                _ => String::new(),
-            };
-            format!("{kind} {reason}: {note}{series}")
-        })
-        .collect()
 }
 
 fn category(result: &Result<()>) -> Option<Category> {
@@ -105,7 +81,7 @@ async fn owners_are_added_by_a_patch_that_tests_the_claims_uid_and_version() {
              "value": [reference("runner"), reference("reader")]},
         ])
     );
-    let events = published(&log);
+    let events = log.published();
     assert_eq!(events.len(), 1, "{events:?}");
     assert!(
         events[0].starts_with("Normal BoundToPod: claim cache is deleted once every pod that owns it is gone; owners added: runner (uid uid-runner), reader (uid uid-reader)"),
@@ -131,7 +107,7 @@ async fn an_owner_patch_on_a_changed_claim_waits_for_the_next_pass() {
         let result = binder.attach(&claim(Vec::new()), &pods(&["runner"])).await;
         assert!(result.is_ok(), "{code}: not an error");
         assert_eq!(log.lines().len(), 1, "{code}: no retry");
-        assert!(published(&log).is_empty(), "{code}: {:?}", published(&log));
+        assert!(log.published().is_empty(), "{code}: {:?}", log.published());
     }
     for (code, reason, want) in [
         (403, "Forbidden", Category::Forbidden),
@@ -140,7 +116,7 @@ async fn an_owner_patch_on_a_changed_claim_waits_for_the_next_pass() {
         let (binder, log) = serve(move |_| mock_api::status(code, reason, "no"));
         let result = binder.attach(&claim(Vec::new()), &pods(&["runner"])).await;
         assert_eq!(category(&result), Some(want), "{code}");
-        assert!(published(&log).is_empty(), "{code}");
+        assert!(log.published().is_empty(), "{code}");
     }
 }
 
@@ -152,7 +128,7 @@ async fn a_claim_is_deleted_with_its_uid_and_version_as_preconditions() {
     let body = &log.writes_and_reads()[0].body;
     assert_eq!(body["preconditions"]["uid"], "uid-claim");
     assert_eq!(body["preconditions"]["resourceVersion"], "5");
-    let events = published(&log);
+    let events = log.published();
     assert_eq!(
         events,
         ["Normal DeletedWithPod: deleted claim cache: its pod runner is gone"]
@@ -165,7 +141,7 @@ async fn a_claim_is_deleted_with_its_uid_and_version_as_preconditions() {
             "{code} is done"
         );
         assert!(
-            published(&log).is_empty(),
+            log.published().is_empty(),
             "{code}: nothing deleted, nothing said"
         );
     }
@@ -183,7 +159,7 @@ async fn a_refusal_is_a_warning_on_the_claim_and_no_write() {
         .await;
     assert!(log.lines().is_empty(), "{:?}", log.lines());
     assert_eq!(
-        published(&log),
+        log.published(),
         [format!("Warning PodBindingRefused: {note}")]
     );
     let event = log

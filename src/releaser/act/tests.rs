@@ -53,14 +53,9 @@ fn facts(claim_uid: &str, scrub: Option<Scrub>) -> PvFacts {
 
 fn writer(client: kube::Client, leadership: Leadership, dry_run: bool) -> (Releaser, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::default());
-    let identity = kube::runtime::events::Reporter {
-        controller: "statefulset-scaledown-controller".into(),
-        instance: None,
-    };
-    let (reporter, _) = crate::pass::parts::<PersistentVolume>(
+    let (reporter, _) = crate::pass::test_parts::<PersistentVolume>(
         crate::pass::Controller::Releaser,
         &client,
-        identity,
         &metrics,
         dry_run,
     );
@@ -77,25 +72,6 @@ where
     let (releaser, metrics) = writer(client, Leadership::always(), false);
     let result = releaser.act(&pv(), facts, plan).await;
     (result, log, metrics)
-}
-
-/// The Events published, as `Type Reason: note`, with ` (series N)` when kube's Recorder sent it
-/// as a repeat of an Event of the same reason on the same object (the one place these tests read
-/// Events).
-fn published(log: &Log) -> Vec<String> {
-    let field = |s: &Sent, k: &str| s.body[k].as_str().unwrap_or_default().to_string();
-    log.all()
-        .iter()
-        .filter(|s| s.is_event() && matches!(s.method.as_str(), "POST" | "PATCH"))
-        .map(|s| {
-            let (kind, reason, note) = (field(s, "type"), field(s, "reason"), field(s, "note"));
-            let series = match s.method.as_str() {
-                "PATCH" => format!(" (series {})", s.body["series"]["count"]),
-                _ => String::new(),
-            };
-            format!("{kind} {reason}: {note}{series}")
-        })
-        .collect()
 }
 
 fn category(result: &Result<()>) -> Option<Category> {
@@ -140,7 +116,7 @@ async fn a_release_removes_the_claim_ref_only_while_it_names_the_gone_claim() {
             {"op": "remove", "path": "/spec/claimRef"},
         ])
     );
-    let events = published(&log);
+    let events = log.published();
     assert_eq!(events.len(), 1, "{events:?}");
     assert!(
         events[0].starts_with("Normal Released: released: claim ci/cache (uid-old) is gone"),
@@ -164,9 +140,9 @@ async fn a_release_removes_the_claim_ref_only_while_it_names_the_gone_claim() {
         ])
     );
     assert!(
-        published(&log)[0].contains("released: scrubbed; "),
+        log.published()[0].contains("released: scrubbed; "),
         "{:?}",
-        published(&log)
+        log.published()
     );
 }
 
@@ -179,7 +155,7 @@ async fn a_release_that_loses_the_race_leaves_the_pv_alone() {
         .await;
         assert!(result.is_ok(), "{code}: a PV that changed is not an error");
         assert_eq!(log.lines().len(), 1, "{code}: no retry");
-        assert!(published(&log).is_empty(), "{code}: {:?}", published(&log));
+        assert!(log.published().is_empty(), "{code}: {:?}", log.published());
         assert_eq!(
             sample(&metrics, "scaledown_pv_released_total").as_deref(),
             Some("0")
@@ -198,7 +174,7 @@ async fn a_refused_release_is_a_warning_and_an_error_for_the_retry() {
         })
         .await;
         assert_eq!(category(&result), Some(want), "{code}");
-        let events = published(&log);
+        let events = log.published();
         assert_eq!(events.len(), 1, "{code}: {events:?}");
         assert!(
             events[0].starts_with("Warning ErrReleasePV: could not release PV pv-1"),
@@ -267,7 +243,7 @@ async fn a_scrub_starts_with_the_temporary_claim_then_hands_the_pv_over() {
     );
     assert_eq!(ops[1]["value"]["namespace"], "ops");
     assert_eq!(ops[2]["value"][SCRUB_STATE_ANNOTATION], "running:uid-temp");
-    assert!(published(&log).is_empty());
+    assert!(log.published().is_empty());
 }
 
 #[tokio::test]
@@ -346,7 +322,7 @@ async fn the_scrub_pod_is_created_as_planned_and_409_means_done() {
             scrub_pod(),
             "{code}: the plan's pod"
         );
-        assert!(published(&log).is_empty(), "{code}");
+        assert!(log.published().is_empty(), "{code}");
     }
 }
 
@@ -380,7 +356,7 @@ async fn a_refused_scrub_pod_fails_the_scrub() {
             ])
         );
         assert_eq!(sent[2].body["preconditions"]["uid"], "uid-temp");
-        let events = published(&log);
+        let events = log.published();
         assert_eq!(events.len(), 1, "{events:?}");
         assert!(
             events[0].starts_with(
@@ -407,7 +383,7 @@ async fn a_refused_scrub_pod_fails_the_scrub() {
             1,
             "{code}: the scrub is not failed for it"
         );
-        assert!(published(&log).is_empty(), "{code}");
+        assert!(log.published().is_empty(), "{code}");
     }
 }
 
@@ -461,7 +437,7 @@ async fn a_finished_scrub_is_recorded_then_its_pod_and_claim_deleted_by_uid() {
         );
         assert_eq!(sent[1].body["preconditions"]["uid"], "uid-pod", "{state}");
         assert_eq!(sent[2].body["preconditions"]["uid"], "uid-temp", "{state}");
-        let events = published(&log);
+        let events = log.published();
         assert_eq!(events.len(), 1, "{events:?}");
         assert!(events[0].starts_with(event), "{events:?}");
     }
@@ -491,7 +467,7 @@ async fn deletions_gone_or_replaced_are_done_and_a_lost_record_deletes_nothing()
             [format!("PATCH {PV_PATH}")],
             "{code}: nothing deleted"
         );
-        assert!(published(&log).is_empty(), "{code}: nothing reported");
+        assert!(log.published().is_empty(), "{code}: nothing reported");
     }
     let (result, log, _) = run(&running(), finish(None), |sent| {
         match sent.method.as_str() {
@@ -565,10 +541,10 @@ async fn a_blocked_scrub_is_reported_once_per_pv_and_cause() {
         let result = releaser.act(&pv(), facts, plan).await;
         assert!(result.is_ok(), "pass {i}");
         assert_eq!(
-            published(&log).len(),
+            log.published().len(),
             want,
             "after pass {i}: {:?}",
-            published(&log)
+            log.published()
         );
     }
     assert!(
@@ -576,7 +552,7 @@ async fn a_blocked_scrub_is_reported_once_per_pv_and_cause() {
         "nothing but Events: {:?}",
         log.lines()
     );
-    let events = published(&log);
+    let events = log.published();
     assert!(
         events[0].starts_with("Warning ScrubBlocked: PV pv-1: StorageClass pool asks for a scrub before release, but no scrub namespace is known"),
         "{events:?}"

@@ -29,14 +29,9 @@ fn web(record: Option<&str>) -> SetFacts {
 
 fn actor(client: kube::Client, leadership: Leadership) -> (Actor, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::default());
-    let identity = kube::runtime::events::Reporter {
-        controller: FIELD_MANAGER.into(),
-        instance: None,
-    };
-    let (reporter, _) = crate::pass::parts::<StatefulSet>(
+    let (reporter, _) = crate::pass::test_parts::<StatefulSet>(
         crate::pass::Controller::Scaledown,
         &client,
-        identity,
         &metrics,
         false,
     );

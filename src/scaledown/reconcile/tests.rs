@@ -3,7 +3,6 @@
 //! cleanup pod is let run without a live read of the set made before the write.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use kube::runtime::events::Reporter;
 use kube::runtime::reflector;
 use kube::runtime::watcher::Event;
 use serde_json::{Value, json};
@@ -126,17 +125,8 @@ where
     };
     let metrics = Arc::new(Metrics::default());
     let leadership = Arc::new(Leadership::always());
-    let identity = Reporter {
-        controller: "test".into(),
-        instance: None,
-    };
-    let (reporter, runner) = crate::pass::parts(
-        crate::pass::Controller::Scaledown,
-        &client,
-        identity,
-        &metrics,
-        false,
-    );
+    let (reporter, runner) =
+        crate::pass::test_parts(crate::pass::Controller::Scaledown, &client, &metrics, false);
     let actor = Actor::new(
         client.clone(),
         reporter,
