@@ -166,3 +166,6 @@ pub async fn reconcile(claim: Arc<Claim>, ctx: Arc<Context>) -> Result<Action> {
 pub fn error_policy(claim: Arc<Claim>, _err: &Error, ctx: Arc<Context>) -> Action {
     ctx.runner.error_policy(&claim)
 }
+
+#[cfg(test)]
+mod tests;
