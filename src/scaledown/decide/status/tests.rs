@@ -75,6 +75,15 @@ fn foreign(ordinal: u32) -> PodFacts {
     }
 }
 
+/// What, the facts, the contended ordinals, the status and its reason.
+type Case = (
+    &'static str,
+    Observed,
+    &'static [u32],
+    &'static str,
+    Option<&'static str>,
+);
+
 #[test]
 fn the_status_of_each_state() {
     let mut finishing = with_claims(web(2), 0..2, 0..2);
@@ -96,7 +105,7 @@ fn the_status_of_each_state() {
     retained.set.when_scaled_delete = true;
     let mut waits_for_old_pod = with_claims(web(2), 0..3, 0..2);
     waits_for_old_pod.ordinals.entry(2).or_default().pod = Some(stateful(2));
-    let cases: Vec<(&str, Observed, &[u32], &str, Option<&str>)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "every ordinal wanted",
             with_claims(web(3), 0..3, 0..3),
