@@ -290,7 +290,8 @@ mod tests {
             mut encoder: prometheus_client::encoding::DescriptorEncoder,
         ) -> std::fmt::Result {
             let orphans = [("ns".to_string(), 1)].into();
-            crate::scaledown::gauges::encode(&mut encoder, 1, &orphans)?;
+            let statuses = [(crate::scaledown::decide::status::Status::Idle, 1)].into();
+            crate::scaledown::gauges::encode(&mut encoder, 1, &orphans, &statuses)?;
             crate::releaser::encode_pool(
                 &mut encoder,
                 &[(("pool".into(), "Available".into()), 2)].into(),

@@ -23,6 +23,16 @@ pub const NEXT_ATTEMPT_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-
 /// `<set>-<ordinal>` is ours: labels and annotations on a pod can be forged by anyone who can
 /// create pods, this record only by someone who can already edit the StatefulSet.
 pub const RECORD_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-cleanups";
+/// StatefulSet annotation, written only by this controller: the set's one-word status (`Idle`,
+/// `CleaningUp`, `Stalled`, `Paused`). An annotation because kube-controller-manager rebuilds a
+/// StatefulSet's status on every sync and would drop a condition it does not know.
+pub const STATUS_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-status";
+/// StatefulSet annotation, written only by this controller next to the status when it is `Stalled`
+/// or `Paused`: why, naming the ordinals concerned (absent otherwise).
+pub const STATUS_REASON_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-status-reason";
+/// StatefulSet annotation set by users: `"true"` pauses the scale-down of the set (no new cleanup
+/// pod; one already running finishes). Any other value, or none, does not.
+pub const PAUSED_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-paused";
 /// Scheduling gate every cleanup pod is created with. It is removed only after a read of the
 /// StatefulSet made while the pod holds the name lock confirms the ordinal is still orphaned.
 pub const CONFIRM_GATE: &str = "statefulsets.kubernetes.io/scaledown-confirm";

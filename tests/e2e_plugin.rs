@@ -73,8 +73,15 @@ async fn status_shows_the_cleanup_in_flight_and_what_comes_next() {
     assert!(lines[0].starts_with("NAMESPACE"), "{table}");
     let cells: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!(
-        &cells[..5],
-        [ns, "web", "0", "data-web-1,data-web-2", "web-2:Running#1"],
+        &cells[..6],
+        [
+            ns,
+            "web",
+            "CleaningUp",
+            "0",
+            "data-web-1,data-web-2",
+            "web-2:Running#1"
+        ],
         "{table}"
     );
 
@@ -92,6 +99,11 @@ async fn status_shows_the_cleanup_in_flight_and_what_comes_next() {
     assert_eq!(web["cleanups"][0]["phase"], "Running");
     assert_eq!(web["has_finalizer"], true);
     assert_eq!(web["gave_up"], json!([]));
+    assert_eq!(web["status"], "CleaningUp");
+    assert_eq!(
+        web["status_annotation"], "CleaningUp",
+        "the plugin shows the value the controller wrote"
+    );
 
     let (ok, all, err) = kubectl_scaledown(&env.cluster, &["status", "-A", "-o", "wide"]).await;
     assert!(ok, "status -A failed: {err}");

@@ -909,3 +909,204 @@ async fn dry_run_writes_nothing() {
         "no claim deleted in dry-run"
     );
 }
+
+// === status and pause ===
+
+const STATUS: &str = "statefulsets.kubernetes.io/scaledown-status";
+const STATUS_REASON: &str = "statefulsets.kubernetes.io/scaledown-status-reason";
+const PAUSED: &str = "statefulsets.kubernetes.io/scaledown-paused";
+
+/// `kubectl wait` on the set's status annotation, as the README shows it; whether it succeeded.
+async fn kubectl_wait_status(env: &Env, set: &str, status: &str, timeout: &str) -> bool {
+    let jsonpath = format!(
+        "jsonpath={{.metadata.annotations.statefulsets\\.kubernetes\\.io/scaledown-status}}={status}"
+    );
+    let out = tokio::process::Command::new(support::kubectl_binary())
+        .arg("--kubeconfig")
+        .arg(&env.cluster.kubeconfig)
+        .args(["-n", &env.ns.name, "wait", &format!("sts/{set}")])
+        .arg(format!("--for={jsonpath}"))
+        .arg(format!("--timeout={timeout}"))
+        .output()
+        .await
+        .expect("run kubectl wait");
+    out.status.success()
+}
+
+fn status_of(set: &k8s_openapi::api::apps::v1::StatefulSet) -> (Option<&str>, Option<&str>) {
+    let a = set.annotations();
+    (
+        a.get(STATUS).map(String::as_str),
+        a.get(STATUS_REASON).map(String::as_str),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_wait_for_idle_after_a_scale_down() {
+    let env = Env::new("status-idle", 3, &[]).await;
+    let mut spec = SetSpec::new("web", 3, &env.class);
+    spec.template = Some(template_running_for("1s"));
+    env.create_running(&spec).await;
+    assert!(
+        kubectl_wait_status(&env, "web", "Idle", "60s").await,
+        "a new set is Idle"
+    );
+    let sets = env.record_sets().await;
+    env.scale("web", 2).await;
+    let scaled = Instant::now();
+    sets.wait_for("status CleaningUp", LONG, |s| {
+        s.annotations.get(STATUS).map(String::as_str) == Some("CleaningUp")
+    })
+    .await;
+    assert!(
+        kubectl_wait_status(&env, "web", "Idle", "120s").await,
+        "kubectl wait for Idle"
+    );
+    record(
+        "status: scale 3->2 -> kubectl wait ...=Idle returned",
+        format!("{} ms", scaled.elapsed().as_millis()),
+    );
+    assert!(
+        env.claim_uid("data-web-2").await.is_none(),
+        "Idle means the claim is gone"
+    );
+    let statuses: Vec<(Option<String>, Option<String>)> = sets
+        .seen()
+        .iter()
+        .map(|s| {
+            let (status, reason) = status_of(&s.object);
+            (status.map(str::to_string), reason.map(str::to_string))
+        })
+        .collect();
+    let mut transitions = statuses.clone();
+    transitions.dedup();
+    assert_eq!(
+        transitions,
+        [
+            (Some("Idle".into()), None),
+            (Some("CleaningUp".into()), None),
+            (Some("Idle".into()), None)
+        ],
+        "one transition each way, no reason: {statuses:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cleanup_that_gives_up_stalls_the_set_with_its_reason() {
+    let env = Env::new(
+        "status-stalled",
+        2,
+        &["--cleanup-attempts", "2", "--cleanup-backoff", "1s"],
+    )
+    .await;
+    let mut spec = SetSpec::new("web", 2, &env.class);
+    spec.template = Some(template(
+        json!({"sim.scaledown.io/outcome": "Failed"}),
+        json!({}),
+        "Never",
+    ));
+    env.create_running(&spec).await;
+    let sets = env.record_sets().await;
+    let scaled = Instant::now();
+    env.scale("web", 1).await;
+    let stalled = sets
+        .wait_for("status Stalled", LONG, |s| {
+            status_of(&s.object).0 == Some("Stalled")
+        })
+        .await;
+    record(
+        "status: scale 2->1, failing cleanup (2 attempts, 1 s backoff) -> Stalled",
+        format!("{} ms", scaled.elapsed().as_millis()),
+    );
+    assert_eq!(
+        status_of(&stalled.object).1,
+        Some("CleanupFailed: ordinal 1 gave up after 2 attempts")
+    );
+    assert!(
+        kubectl_wait_status(&env, "web", "Stalled", "5s").await,
+        "kubectl sees it too"
+    );
+    env.wait_event("web", "CleanupGaveUp").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pause_holds_new_cleanups_until_resumed() {
+    let env = Env::new("status-paused", 3, &[]).await;
+    let mut spec = SetSpec::new("web", 3, &env.class);
+    spec.template = Some(template_running_for("1s"));
+    env.create_running(&spec).await;
+    let sets = env.record_sets().await;
+    let pods = env.record_pods().await;
+    let claims = env.record_claims().await;
+    let pause = json!({"metadata": {"annotations": {PAUSED: "true"}}});
+    env.sets()
+        .patch("web", &PatchParams::default(), &Patch::Merge(&pause))
+        .await
+        .expect("pause");
+    let paused = sets
+        .wait_for("status Paused", LONG, |s| {
+            status_of(&s.object).0 == Some("Paused")
+        })
+        .await;
+    let marker = pods.mark();
+    env.wait_event("web", "ScaleDownPaused").await;
+    env.scale("web", 1).await;
+    wait_for_gone(&env.pods(), "web-1", LONG).await;
+    let waiting = sets
+        .wait_for("the reason lists both ordinals", LONG, |s| {
+            status_of(&s.object).1 == Some("Paused: ordinals 1,2 wait for a cleanup")
+        })
+        .await;
+    // Close the window on the pod watch, then look at every pod change since the pause.
+    let closed = pods.close_window(&env.pods(), "web-0").await;
+    let created: Vec<String> = pods
+        .since(marker)
+        .iter()
+        .filter(|s| s.resource_version < closed.resource_version && is_cleanup(&s.object))
+        .map(|s| s.name.clone())
+        .collect();
+    assert!(
+        created.is_empty(),
+        "no cleanup pod while paused: {created:?}"
+    );
+    assert!(
+        claims.first(|s| s.deleting).is_none(),
+        "no claim touched while paused"
+    );
+    assert!(
+        env.sets()
+            .get("web")
+            .await
+            .expect("set")
+            .finalizers()
+            .iter()
+            .any(|f| f == "statefulsets.kubernetes.io/scaledown"),
+        "the finalizer stays"
+    );
+    assert!(paused.resource_version < waiting.resource_version);
+
+    let resume = json!({"metadata": {"annotations": {PAUSED: null}}});
+    env.sets()
+        .patch("web", &PatchParams::default(), &Patch::Merge(&resume))
+        .await
+        .expect("resume");
+    let resumed = Instant::now();
+    env.wait_claim_gone("data-web-2").await;
+    env.wait_claim_gone("data-web-1").await;
+    assert!(
+        kubectl_wait_status(&env, "web", "Idle", "60s").await,
+        "Idle after the resumed cleanups"
+    );
+    record(
+        "status: resume with 2 orphaned ordinals -> Idle",
+        format!("{} ms", resumed.elapsed().as_millis()),
+    );
+    env.wait_event("web", "ScaleDownResumed").await;
+    let pauses = env
+        .event_reasons("web")
+        .await
+        .iter()
+        .filter(|r| *r == "ScaleDownPaused")
+        .count();
+    assert_eq!(pauses, 1, "one Event per pause");
+}

@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use crate::reason::Reason;
 use crate::scaledown::act::describe;
+use crate::scaledown::decide::status;
 use crate::scaledown::decide::{Plan, Step};
 use crate::scaledown::observe::{Observed, Phase, PodRole};
 
@@ -13,6 +14,15 @@ use crate::scaledown::observe::{Observed, Phase, PodRole};
 pub struct SetStatus {
     pub namespace: String,
     pub name: String,
+    /// The one-word status (`Idle`, `CleaningUp`, `Stalled`, `Paused`), computed by the
+    /// controller's own rule (`decide::status`) from this read.
+    pub status: String,
+    /// Why, when `Stalled` or `Paused`.
+    pub status_reason: Option<String>,
+    /// The status annotation the controller last wrote on the set, if any. It can also name
+    /// causes only the controller's memory holds (creations the API server refused, records that
+    /// lost every race).
+    pub status_annotation: Option<String>,
     pub replicas: u32,
     /// The ordinals the set wants, e.g. `0..2` (empty when none).
     pub wanted: String,
@@ -49,9 +59,15 @@ impl SetStatus {
     /// The status of the set observed in `o`, given the plan `decide` made from it.
     pub fn new(o: &Observed, plan: &Plan, last_warning: Option<String>) -> Self {
         let set = &o.set;
+        let line = status::line(o, plan, &Default::default());
         let mut status = SetStatus {
             namespace: set.namespace.clone(),
             name: set.name.clone(),
+            status: line
+                .as_ref()
+                .map_or("-".into(), |l| l.status.as_str().into()),
+            status_reason: line.and_then(|l| l.reason),
+            status_annotation: set.status.clone(),
             replicas: set.replicas,
             wanted: wanted(set.start, set.replicas, set.deleting),
             orphaned_claims: Vec::new(),
@@ -84,7 +100,7 @@ impl SetStatus {
         for step in &plan.steps {
             match step {
                 Step::Event(e) if e.reason == Reason::CleanupGaveUp => {
-                    status.gave_up.extend(gave_up_ordinal(o, &e.key));
+                    status.gave_up.extend(status::event_ordinal(o, e));
                     status.warnings.push(format!("{}: {}", e.reason, e.note));
                 }
                 Step::Event(e) if e.reason.is_warning() => {
@@ -96,17 +112,6 @@ impl SetStatus {
         }
         status
     }
-}
-
-/// The ordinal a give-up Event is about: its key is the failed pod's UID, or `refused-<ordinal>`
-/// when the API server refused every creation.
-fn gave_up_ordinal(o: &Observed, key: &str) -> Option<u32> {
-    if let Some(ordinal) = key.strip_prefix("refused-") {
-        return ordinal.parse().ok();
-    }
-    o.ordinals
-        .iter()
-        .find_map(|(n, f)| (f.pod.as_ref()?.uid == key).then_some(*n))
 }
 
 fn wanted(start: u32, replicas: u32, deleting: bool) -> String {
@@ -137,6 +142,7 @@ pub fn render(sets: &[SetStatus], wide: bool) -> String {
     let mut header = vec![
         "NAMESPACE",
         "STATEFULSET",
+        "STATUS",
         "WANTED",
         "ORPHANED",
         "CLEANUPS",
@@ -144,7 +150,7 @@ pub fn render(sets: &[SetStatus], wide: bool) -> String {
         "NEXT",
     ];
     if wide {
-        header.extend(["UNPROVEN", "WARNINGS", "LAST-WARNING"]);
+        header.extend(["REASON", "UNPROVEN", "WARNINGS", "LAST-WARNING"]);
     }
     let mut rows = vec![header.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
     for s in sets {
@@ -173,6 +179,7 @@ fn row(s: &SetStatus, wide: bool) -> Vec<String> {
     let mut row = vec![
         s.namespace.clone(),
         s.name.clone(),
+        s.status.clone(),
         s.wanted.clone(),
         or_none(s.orphaned_claims.clone()),
         or_none(cleanups),
@@ -184,6 +191,7 @@ fn row(s: &SetStatus, wide: bool) -> Vec<String> {
         },
     ];
     if wide {
+        row.push(s.status_reason.clone().unwrap_or_else(|| "-".into()));
         row.push(or_none(s.unproven_pods.clone()));
         row.push(or_none(s.warnings.clone()));
         row.push(s.last_warning.clone().unwrap_or_else(|| "-".into()));

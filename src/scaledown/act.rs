@@ -26,6 +26,7 @@ use crate::metrics::Metrics;
 use crate::naming;
 use crate::reason::Reason;
 use crate::report::{Outcome, Reporter};
+use crate::scaledown::decide::status::{Change, Write};
 use crate::scaledown::decide::{Event, Plan, PodDeletion, Step, Verdict};
 use crate::scaledown::observe::{Record, SetFacts, format_records};
 
@@ -54,6 +55,9 @@ pub struct Refusal {
 pub struct Done {
     pub created: Vec<Created>,
     pub refused: Vec<Refusal>,
+    /// The plan's status change rode in its finalizer patch: `Some(true)` written, `Some(false)`
+    /// the patch raced a change (the next pass decides again); `None` no finalizer patch was sent.
+    pub status: Option<bool>,
 }
 
 enum Deleted {
@@ -97,13 +101,20 @@ impl Actor {
                 _ => self.reporter.skipped(&set_ref(set), &describe(step)).await,
             };
             if !skipped {
-                self.carry_out(set, step, done).await?;
+                self.carry_out(set, step, plan.status.as_ref(), done)
+                    .await?;
             }
         }
         Ok(())
     }
 
-    async fn carry_out(&self, set: &SetFacts, step: &Step, done: &mut Done) -> Result<()> {
+    async fn carry_out(
+        &self,
+        set: &SetFacts,
+        step: &Step,
+        status: Option<&Change>,
+        done: &mut Done,
+    ) -> Result<()> {
         let ns = set.namespace.as_str();
         match step {
             Step::Event(event) => {
@@ -115,8 +126,14 @@ impl Actor {
                 resource_version,
                 adding,
             } => {
-                self.set_finalizers(set, finalizers, resource_version, *adding)
-                    .await
+                let status = plan_status(done, status);
+                let written = self
+                    .set_finalizers(set, finalizers, resource_version, *adding, status)
+                    .await?;
+                if status.is_some() {
+                    done.status = Some(written);
+                }
+                Ok(())
             }
             Step::DeleteStatefulPod { name, uid } => {
                 let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
@@ -189,11 +206,15 @@ impl Actor {
         finalizers: &[String],
         resource_version: &str,
         adding: bool,
-    ) -> Result<()> {
+        status: Option<&Write>,
+    ) -> Result<bool> {
         let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), &set.namespace);
         // The resourceVersion makes this a compare-and-swap: a concurrent change is a 409.
-        let patch =
+        let mut patch =
             json!({"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}});
+        if let Some(write) = status {
+            patch["metadata"]["annotations"] = status_merge(write);
+        }
         match api
             .patch(&set.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -203,13 +224,64 @@ impl Actor {
             // another pass, which decides again. Not a failure worth an error backoff.
             Err(e) if is_status(&e, &[code::CONFLICT]) => {
                 debug!(set = %set.name, namespace = %set.namespace, "finalizer patch raced a change; the next pass retries");
-                return Ok(());
+                return Ok(false);
             }
             Err(e) => return Err(Error::kube("patch finalizers of statefulset", &set.name)(e)),
         }
         let verb = if adding { "added" } else { "removed" };
         info!(set = %set.name, namespace = %set.namespace, "{verb} finalizer {}", naming::FINALIZER);
-        Ok(())
+        Ok(true)
+    }
+
+    /// Writes the status annotations in a patch of their own, guarded by test ops on the set's UID
+    /// and on the status it carried when decided: a set whose status someone else changed
+    /// meanwhile is left alone (`Ok(false)`; that change wakes another pass). Under `--dry-run`,
+    /// a `DryRun` record instead.
+    pub async fn write_status(&self, set: &SetFacts, change: &Change) -> Result<bool> {
+        if !self.leadership.may_write() {
+            return Err(Error::NotLeader);
+        }
+        if self
+            .reporter
+            .skipped(&set_ref(set), &describe_status(&change.write))
+            .await
+        {
+            return Ok(true);
+        }
+        let status_path = annotation_path(naming::STATUS_ANNOTATION);
+        let carried = set.status.as_ref().map_or(json!(null), |s| json!(s));
+        let mut ops = vec![
+            json!({"op": "test", "path": "/metadata/uid", "value": set.uid}),
+            json!({"op": "test", "path": status_path, "value": carried}),
+        ];
+        ops.extend(status_ops(&change.write));
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let request =
+            apijson::patch_request::<StatefulSet>(Some(&set.namespace), &set.name, &ops, &params)?;
+        match self.client.request::<StatefulSet>(request).await {
+            Ok(_) => {
+                debug!(set = %set.name, namespace = %set.namespace, status = %describe_status(&change.write), "wrote status");
+                Ok(true)
+            }
+            Err(e) if is_status(&e, &[code::CONFLICT, code::INVALID, code::NOT_FOUND]) => {
+                debug!(set = %set.name, error = %e, "status write lost a race; the next pass decides again");
+                Ok(false)
+            }
+            Err(e) => Err(Error::kube(
+                "patch status annotations of statefulset",
+                &set.name,
+            )(e)),
+        }
+    }
+
+    /// Publishes the Event of a status change (pause, resume) once its write went through.
+    pub async fn status_event(&self, set: &SetFacts, change: &Change) {
+        if let Some(event) = &change.event {
+            self.publish(set, event, None).await;
+        }
     }
 
     async fn delete_claim(&self, set: &SetFacts, name: &str, uid: &str) -> Result<()> {
@@ -327,7 +399,8 @@ impl Actor {
         records: &BTreeMap<u32, Record>,
         verdicts: &[(Created, Verdict)],
         release: bool,
-    ) -> Result<()> {
+        status: Option<&Write>,
+    ) -> Result<bool> {
         if !self.leadership.may_write() {
             return Err(Error::NotLeader);
         }
@@ -353,9 +426,9 @@ impl Actor {
             .map(|(c, _)| c)
             .collect();
         if runs.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
-        self.record(live, records).await?;
+        self.record(live, records, status).await?;
         for pod in runs {
             if release {
                 self.release(ns, &pod.name, &pod.uid).await?;
@@ -374,14 +447,21 @@ impl Actor {
             )
             .await;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Writes `records` on the set, only if its identity, spec (generation), template annotation
     /// and our previous record are still those of `live`: a compare-and-swap, so a successful write
     /// confirms every fact the verdicts were judged on.
-    async fn record(&self, live: &SetFacts, records: &BTreeMap<u32, Record>) -> Result<()> {
-        let ops = record_ops(live, records);
+    async fn record(
+        &self,
+        live: &SetFacts,
+        records: &BTreeMap<u32, Record>,
+        status: Option<&Write>,
+    ) -> Result<()> {
+        let mut ops = record_ops(live, records);
+        // The status rides along: its ops test nothing, so they never fail the record's swap.
+        ops.extend(status.map(status_ops).unwrap_or_default());
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
@@ -581,4 +661,53 @@ fn annotation_path(key: &str) -> String {
         "/metadata/annotations/{}",
         key.replace('~', "~0").replace('/', "~1")
     )
+}
+
+/// The status change of the plan for a finalizer patch, unless one already carried it.
+fn plan_status<'a>(done: &Done, status: Option<&'a Change>) -> Option<&'a Write> {
+    status.filter(|_| done.status.is_none()).map(|c| &c.write)
+}
+
+/// JSON-patch ops writing the status annotations: they test nothing, and removing the reason is
+/// an add then a remove, so they apply whether or not the reason is there.
+pub fn status_ops(write: &Write) -> Vec<serde_json::Value> {
+    let status = annotation_path(naming::STATUS_ANNOTATION);
+    let reason = annotation_path(naming::STATUS_REASON_ANNOTATION);
+    let gone = |path: &str| {
+        [
+            json!({"op": "add", "path": path, "value": ""}),
+            json!({"op": "remove", "path": path}),
+        ]
+    };
+    match write {
+        Write::Set(line) => {
+            let mut ops = vec![json!({"op": "add", "path": status, "value": line.status.as_str()})];
+            match &line.reason {
+                Some(text) => ops.push(json!({"op": "add", "path": reason, "value": text})),
+                None => ops.extend(gone(&reason)),
+            }
+            ops
+        }
+        Write::Remove => gone(&status).into_iter().chain(gone(&reason)).collect(),
+    }
+}
+
+/// The status annotations as a merge patch's `metadata.annotations` (null removes).
+fn status_merge(write: &Write) -> serde_json::Value {
+    let (status, reason) = match write {
+        Write::Set(line) => (json!(line.status.as_str()), json!(line.reason)),
+        Write::Remove => (json!(null), json!(null)),
+    };
+    json!({naming::STATUS_ANNOTATION: status, naming::STATUS_REASON_ANNOTATION: reason})
+}
+
+/// One line saying what a status write does (for dry-run records and logs).
+pub fn describe_status(write: &Write) -> String {
+    match write {
+        Write::Set(line) => match &line.reason {
+            Some(reason) => format!("set status {} ({reason})", line.status),
+            None => format!("set status {}", line.status),
+        },
+        Write::Remove => "remove the status annotations".into(),
+    }
 }

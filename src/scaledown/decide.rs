@@ -20,6 +20,9 @@
 //!    is never a cleanup: still gated (it never ran) it is deleted, else it is only reported.
 //! 5. A set deleted with background propagation: we delete its pods, highest ordinal first.
 //! 6. The finalizer goes when the set is deleted and no claim and no cleanup is left.
+//! 7. A set with the paused annotation (`"true"`) gets no new cleanup pod, no retry and no
+//!    release of a recorded gated pod; what already runs finishes, a success deletes its claims.
+//!    Deleted while paused, it keeps its finalizer until it is resumed and cleaned.
 //!
 //! Steps that delete data or release the set (rules 4 and 6), and judging look-alikes, are only
 //! planned from a live read of the set: decided from the cache, the plan asks for one instead.
@@ -94,6 +97,9 @@ pub struct Plan {
     /// Decided from the cache, and a step needs a live read: read, decide again, and carry out that
     /// plan instead (this one then has no steps).
     pub confirm: Option<Confirm>,
+    /// The status annotations to write (`status::change`, added by the pass to the final plan):
+    /// in the finalizer patch or the record patch of this pass if it makes one, else on its own.
+    pub status: Option<status::Change>,
 }
 
 /// What the live read before acting must cover.
@@ -255,6 +261,8 @@ enum Hold {
     OptedOut,
     Template,
     OrphanDeletion,
+    /// The set carries the paused annotation: no new cleanup pod, no retry.
+    Paused,
     RetainedByKubernetes,
 }
 
@@ -263,6 +271,9 @@ impl Hold {
         match self {
             Hold::OptedOut => "StatefulSet no longer asks for cleanups",
             Hold::Template => "cleanup pod template is invalid",
+            Hold::Paused => {
+                "StatefulSet is paused (annotation statefulsets.kubernetes.io/scaledown-paused)"
+            }
             Hold::OrphanDeletion => "StatefulSet was deleted with orphan propagation",
             Hold::RetainedByKubernetes => "claim retention policy deletes the claims",
         }
@@ -368,6 +379,8 @@ impl<'a> View<'a> {
         } else if set.deleting && set.when_deleted_delete || !set.deleting && set.when_scaled_delete
         {
             Some(Hold::RetainedByKubernetes)
+        } else if set.paused {
+            Some(Hold::Paused)
         } else if template.is_none() {
             Some(Hold::Template)
         } else {
@@ -789,6 +802,8 @@ impl CleanupStep<'_> {
     fn release(&self, plan: &mut Plan) {
         plan.confirm(Confirm::Set);
         match confirm_created(&self.view.o.set, self.ordinal) {
+            // Paused: it holds its name and waits, gated, for the resume (which wakes the set).
+            Verdict::Run if self.view.hold == Some(Hold::Paused) => {}
             Verdict::Run if !may_release(&self.view.o.set) => plan.requeue(RELEASE_RECHECK),
             Verdict::Run => plan.steps.push(Step::Release {
                 name: self.pod.name.clone(),
@@ -987,6 +1002,7 @@ impl CleanupStep<'_> {
 }
 
 mod created;
+pub mod status;
 pub use created::{Admission, admit, runs, verdicts};
 
 #[cfg(test)]

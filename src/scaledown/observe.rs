@@ -125,6 +125,11 @@ pub struct SetFacts {
     pub observed_generation: i64,
     /// `status.replicas`: the pods the StatefulSet controller counts, from its own pod cache.
     pub status_replicas: u32,
+    /// The paused annotation is `"true"`: no new cleanup pod for this set.
+    pub paused: bool,
+    /// Our status annotations as last written (the status, and its reason).
+    pub status: Option<String>,
+    pub status_reason: Option<String>,
 }
 
 impl SetFacts {
@@ -446,6 +451,15 @@ pub fn set_facts(set: &StatefulSet) -> SetFacts {
             .and_then(|s| s.observed_generation)
             .unwrap_or_default(),
         status_replicas: non_negative(set.status.as_ref().map(|s| s.replicas), 0),
+        paused: set
+            .annotations()
+            .get(naming::PAUSED_ANNOTATION)
+            .is_some_and(|v| v == "true"),
+        status: set.annotations().get(naming::STATUS_ANNOTATION).cloned(),
+        status_reason: set
+            .annotations()
+            .get(naming::STATUS_REASON_ANNOTATION)
+            .cloned(),
     }
 }
 

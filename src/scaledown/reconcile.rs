@@ -5,7 +5,7 @@
 //! Also the per-StatefulSet memory of refused creations and recent creates; the error backoff,
 //! timing and failure reports are the shared pass runner's (`crate::pass`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::naming;
 use crate::pass::Runner;
 use crate::scaledown::act::{Actor, Created, Done};
-use crate::scaledown::decide::{self, Confirm, Plan, Policy, Step, Verdict, decide};
+use crate::scaledown::decide::{self, Confirm, Plan, Policy, Step, Verdict, decide, status};
 use crate::scaledown::observe::{
     self, Observed, Phase, PodFacts, PodRole, Rejection, SetFacts, SetRead, Sources,
 };
@@ -64,6 +64,8 @@ struct Memory {
     template: u64,
     /// Creations the API server refused, per ordinal.
     refusals: BTreeMap<u32, Rejection>,
+    /// Ordinals whose new cleanup pod could not be recorded on the set (every try lost a race).
+    contended: BTreeSet<u32>,
 }
 
 fn arcs<T>(items: Vec<T>) -> Vec<Arc<T>> {
@@ -108,12 +110,13 @@ impl Context {
             // A standby only keeps its caches warm; it looks at every set when it becomes leader.
             return Ok(Action::await_change());
         }
-        let refusals = self.refusals(set);
+        let (refusals, contended) = self.refusals(set);
         let cached = self.observe_cached(set, &refusals);
         let plan = decide(&cached, &self.policy);
-        let Some((observed, plan)) = self.confirm(set, cached, plan, &refusals).await? else {
+        let Some((observed, mut plan)) = self.confirm(set, cached, plan, &refusals).await? else {
             return Ok(Action::await_change());
         };
+        plan.status = status::change(&observed, &plan, &contended);
         debug!(
             set = %observed.set.name,
             namespace = %observed.set.namespace,
@@ -127,8 +130,26 @@ impl Context {
         let executed = self.actor.execute(&observed.set, &plan, &mut done).await;
         self.remember(set, &observed, &done, &reserved);
         // Pods created before a failed step are settled all the same.
-        self.settle(&observed, done.created).await?;
+        let status = plan.status.as_ref().map(|c| &c.write);
+        let recorded = self
+            .settle(
+                set,
+                &observed,
+                done.created,
+                status.filter(|_| done.status.is_none()),
+            )
+            .await?;
         executed?;
+        if let Some(change) = &plan.status {
+            let written = match done.status {
+                Some(written) => written,
+                None if recorded => true,
+                None => self.actor.write_status(&observed.set, change).await?,
+            };
+            if written {
+                self.actor.status_event(&observed.set, change).await;
+            }
+        }
         let after = plan
             .requeue_after
             .map_or(self.resync, |d| d.min(self.resync))
@@ -164,12 +185,19 @@ impl Context {
     /// after the creates is itself the confirmation that the ordinals are still orphaned (one
     /// request instead of a read and a write). A failed test means the set changed: read it, judge
     /// again on that read, and write again.
-    async fn settle(&self, observed: &Observed, created: Vec<Created>) -> Result<()> {
+    /// Returns whether a record was written (it carried `status`, if any).
+    async fn settle(
+        &self,
+        set: &StatefulSet,
+        observed: &Observed,
+        created: Vec<Created>,
+        status: Option<&status::Write>,
+    ) -> Result<bool> {
         let mut pending = created;
         let mut facts = Some(observed.set.clone());
         for attempt in 1..=RECORD_TRIES {
             if pending.is_empty() {
-                return Ok(());
+                return Ok(false);
             }
             if attempt > 1 {
                 let live = self.get_set(&observed.set).await?;
@@ -181,20 +209,57 @@ impl Context {
             self.forget_created(&observed.set.namespace, &verdicts);
             let records = decide::next_records(on, observed, &runs);
             let release = decide::may_release(on);
-            match self.actor.settle(on, &records, &verdicts, release).await {
+            match self
+                .actor
+                .settle(on, &records, &verdicts, release, status)
+                .await
+            {
                 Err(Error::Contended { .. }) if attempt < RECORD_TRIES => {
                     pending.retain(|c| runs.iter().any(|(n, _)| *n == c.ordinal));
                 }
                 // Refused for good, or not known to be written: the pods never ran; delete them.
                 Err(err @ (Error::Contended { .. } | Error::Unrecorded { .. })) => {
                     pending.retain(|c| runs.iter().any(|(n, _)| *n == c.ordinal));
+                    if matches!(err, Error::Contended { .. }) {
+                        self.remember_contended(set, pending.iter().map(|c| c.ordinal), true);
+                    }
                     self.abandon(on, &pending).await?;
                     return Err(err);
                 }
-                other => return other,
+                Ok(recorded) => {
+                    self.remember_contended(set, runs.iter().map(|(n, _)| *n), false);
+                    return Ok(recorded);
+                }
+                Err(other) => return Err(other),
             }
         }
-        Ok(())
+        Ok(false)
+    }
+
+    /// Remembers (or, after a record went through, forgets) ordinals whose record lost every race:
+    /// the status names them until one of their cleanups is recorded.
+    fn remember_contended(
+        &self,
+        set: &StatefulSet,
+        ordinals: impl Iterator<Item = u32>,
+        lost: bool,
+    ) {
+        let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        let key = ObjectRef::from(set);
+        if lost {
+            let entry = memory.entry(key).or_insert_with(|| Memory {
+                template: template_hash(set),
+                ..Memory::default()
+            });
+            entry.contended.extend(ordinals);
+        } else if let Some(entry) = memory.get_mut(&key) {
+            for n in ordinals {
+                entry.contended.remove(&n);
+            }
+            if entry.refusals.is_empty() && entry.contended.is_empty() {
+                memory.remove(&key);
+            }
+        }
     }
 
     /// Deletes the cleanup pods of this pass whose record was refused every time: they never ran,
@@ -207,8 +272,9 @@ impl Context {
             .collect();
         self.forget_created(&on.namespace, &cancels);
         self.actor
-            .settle(on, &BTreeMap::new(), &cancels, false)
+            .settle(on, &BTreeMap::new(), &cancels, false, None)
             .await
+            .map(|_| ())
     }
 
     /// Cleanup pods in flight everywhere we watch, for `--max-concurrent-cleanups` only (without
@@ -311,18 +377,19 @@ impl Context {
         )))
     }
 
-    /// The refusals remembered for `set`, forgotten when its template annotation changed.
-    fn refusals(&self, set: &StatefulSet) -> BTreeMap<u32, Rejection> {
+    /// The refusals and contended records remembered for `set`, forgotten when its template
+    /// annotation changed.
+    fn refusals(&self, set: &StatefulSet) -> (BTreeMap<u32, Rejection>, BTreeSet<u32>) {
         let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
         let key = ObjectRef::from(set);
         let Some(entry) = memory.get(&key) else {
-            return BTreeMap::new();
+            return Default::default();
         };
         if entry.template != template_hash(set) {
             memory.remove(&key);
-            return BTreeMap::new();
+            return Default::default();
         }
-        entry.refusals.clone()
+        (entry.refusals.clone(), entry.contended.clone())
     }
 
     /// Remembers what the writes of this pass did: refused creations count up, created ones reset.
@@ -410,7 +477,7 @@ impl Context {
             for created in &done.created {
                 entry.refusals.remove(&created.ordinal);
             }
-            if entry.refusals.is_empty() {
+            if entry.refusals.is_empty() && entry.contended.is_empty() {
                 memory.remove(&key);
             }
         }

@@ -186,7 +186,7 @@ fn the_table_aligns_columns_and_marks_empty_cells() {
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 2, "{table}");
     assert!(
-        lines[0].starts_with("NAMESPACE  STATEFULSET  WANTED  ORPHANED"),
+        lines[0].starts_with("NAMESPACE  STATEFULSET  STATUS      WANTED  ORPHANED"),
         "{table}"
     );
     let at = |line: &str, col: &str| line.find(col);

@@ -28,12 +28,20 @@ fn web(record: Option<&str>) -> SetFacts {
 }
 
 fn actor(client: kube::Client, leadership: Leadership) -> (Actor, Arc<Metrics>) {
+    actor_with(client, leadership, false)
+}
+
+fn actor_with(
+    client: kube::Client,
+    leadership: Leadership,
+    dry_run: bool,
+) -> (Actor, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::default());
     let (reporter, _) = crate::pass::test_parts::<StatefulSet>(
         crate::pass::Controller::Scaledown,
         &client,
         &metrics,
-        false,
+        dry_run,
     );
     let actor = Actor::new(client, reporter, metrics.clone(), Arc::new(leadership));
     (actor, metrics)
@@ -253,8 +261,13 @@ async fn a_process_that_may_not_write_sends_nothing() {
     };
     let result = actor.execute(&web(None), &plan, &mut Done::default()).await;
     assert_eq!(category(&result), Some(Category::NotLeader));
-    let settled = actor.settle(&web(None), &BTreeMap::new(), &[], true).await;
+    let settled = actor
+        .settle(&web(None), &BTreeMap::new(), &[], true, None)
+        .await
+        .map(|_| ());
     assert_eq!(category(&settled), Some(Category::NotLeader));
+    let status = actor.write_status(&web(None), &idle()).await.map(|_| ());
+    assert_eq!(category(&status), Some(Category::NotLeader));
     assert!(log.all().is_empty(), "{:?}", log.lines());
 }
 
@@ -306,11 +319,30 @@ async fn settle<F>(old_record: Option<&str>, verdict: Verdict, answer: F) -> (Re
 where
     F: Fn(&Sent) -> Answer + Send + Sync + 'static,
 {
+    let (result, log) = settle_with(old_record, verdict, None, answer).await;
+    (result.map(|_| ()), log)
+}
+
+async fn settle_with<F>(
+    old_record: Option<&str>,
+    verdict: Verdict,
+    status: Option<&Write>,
+    answer: F,
+) -> (Result<bool>, Log)
+where
+    F: Fn(&Sent) -> Answer + Send + Sync + 'static,
+{
     let (client, log) = mock_api::serve(answer);
     let (actor, _) = actor(client, Leadership::always());
     let verdicts = [(created(1, "uid-new"), verdict)];
     let result = actor
-        .settle(&web(old_record), &records(1, "uid-new"), &verdicts, true)
+        .settle(
+            &web(old_record),
+            &records(1, "uid-new"),
+            &verdicts,
+            true,
+            status,
+        )
         .await;
     (result, log)
 }
@@ -440,4 +472,218 @@ async fn a_release_of_a_pod_gone_or_replaced_is_done() {
         assert!(result.is_ok(), "{code}");
         assert_eq!(log.writes_and_reads()[0].body["metadata"]["uid"], "uid-new");
     }
+}
+
+use crate::scaledown::decide::status::{Line, Status};
+
+fn idle() -> Change {
+    Change {
+        write: Write::Set(Line {
+            status: Status::Idle,
+            reason: None,
+        }),
+        event: None,
+    }
+}
+
+fn stalled() -> Write {
+    Write::Set(Line {
+        status: Status::Stalled,
+        reason: Some("CleanupFailed: ordinal 1 gave up after 3 attempts".into()),
+    })
+}
+
+fn status_path() -> String {
+    format!(
+        "/metadata/annotations/{}",
+        naming::STATUS_ANNOTATION.replace('/', "~1")
+    )
+}
+
+fn reason_path() -> String {
+    format!(
+        "/metadata/annotations/{}",
+        naming::STATUS_REASON_ANNOTATION.replace('/', "~1")
+    )
+}
+
+#[tokio::test]
+async fn the_status_rides_in_the_record_patch_without_touching_its_test_ops() {
+    let old = format_records(&records(0, "uid-old"));
+    let status = Write::Set(Line {
+        status: Status::CleaningUp,
+        reason: None,
+    });
+    let (result, log) = settle_with(Some(&old), Verdict::Run, Some(&status), |_| {
+        (200, json!({}))
+    })
+    .await;
+    assert!(matches!(result, Ok(true)), "recorded, with the status");
+    assert_eq!(
+        log.lines(),
+        [
+            format!("PATCH {SET_PATH}"),
+            format!("PATCH {NS_PODS}/web-1")
+        ],
+        "no request of its own"
+    );
+    let record_path = format!(
+        "/metadata/annotations/{}",
+        naming::RECORD_ANNOTATION.replace('/', "~1")
+    );
+    assert_eq!(
+        log.writes_and_reads()[0].body,
+        json!([
+            {"op": "test", "path": "/metadata/uid", "value": "uid-web"},
+            {"op": "test", "path": "/metadata/generation", "value": 4},
+            {"op": "test", "path": template_path(), "value": "{}"},
+            {"op": "test", "path": record_path, "value": old},
+            {"op": "add", "path": record_path, "value": format_records(&records(1, "uid-new"))},
+            {"op": "add", "path": status_path(), "value": "CleaningUp"},
+            // No reason: an add then a remove, which applies whether or not one is there.
+            {"op": "add", "path": reason_path(), "value": ""},
+            {"op": "remove", "path": reason_path()},
+        ]),
+        "the record's test ops are exactly those of a record without a status"
+    );
+    // Cancelled: no record, so the status is not written by settle.
+    let (result, _) = settle_with(
+        None,
+        Verdict::Cancel("wanted".into()),
+        Some(&status),
+        |_| mock_api::deleted(),
+    )
+    .await;
+    assert!(matches!(result, Ok(false)));
+}
+
+#[tokio::test]
+async fn the_status_rides_in_the_finalizer_patch() {
+    let step = Step::SetFinalizers {
+        finalizers: vec![naming::FINALIZER.into()],
+        resource_version: "7".into(),
+        adding: true,
+    };
+    for (answer, written) in [(200, true), (409, false)] {
+        let (client, log) = mock_api::serve(move |_| match answer {
+            200 => (200, json!({})),
+            _ => mock_api::status(409, "Conflict", "x"),
+        });
+        let (actor, _) = actor(client, Leadership::always());
+        let plan = Plan {
+            steps: vec![step.clone()],
+            status: Some(Change {
+                write: stalled(),
+                event: None,
+            }),
+            ..Plan::default()
+        };
+        let mut done = Done::default();
+        let result = actor.execute(&web(None), &plan, &mut done).await;
+        assert!(result.is_ok());
+        assert_eq!(done.status, Some(written), "{answer}");
+        assert_eq!(log.lines(), [format!("PATCH {SET_PATH}")], "one request");
+        let annotations = &log.writes_and_reads()[0].body["metadata"]["annotations"];
+        assert_eq!(annotations[naming::STATUS_ANNOTATION], "Stalled");
+        assert_eq!(
+            annotations[naming::STATUS_REASON_ANNOTATION],
+            "CleanupFailed: ordinal 1 gave up after 3 attempts"
+        );
+    }
+    // Released on opt-out: both annotations removed in the same patch.
+    let (client, log) = mock_api::serve(|_| (200, json!({})));
+    let (actor, _) = actor(client, Leadership::always());
+    let plan = Plan {
+        steps: vec![Step::SetFinalizers {
+            finalizers: vec![],
+            resource_version: "7".into(),
+            adding: false,
+        }],
+        status: Some(Change {
+            write: Write::Remove,
+            event: None,
+        }),
+        ..Plan::default()
+    };
+    let mut done = Done::default();
+    assert!(actor.execute(&web(None), &plan, &mut done).await.is_ok());
+    let annotations = &log.writes_and_reads()[0].body["metadata"]["annotations"];
+    assert_eq!(
+        annotations,
+        &json!({naming::STATUS_ANNOTATION: null, naming::STATUS_REASON_ANNOTATION: null})
+    );
+}
+
+#[tokio::test]
+async fn a_status_of_its_own_tests_the_status_it_replaces() {
+    let mut set = web(None);
+    set.status = Some("CleaningUp".into());
+    let change = Change {
+        write: stalled(),
+        event: Some(Event {
+            reason: Reason::ScaleDownPaused,
+            note: "paused".into(),
+            key: "paused 7".into(),
+        }),
+    };
+    let (client, log) = mock_api::serve(|_| (200, json!({})));
+    let (actor, _) = super::tests::actor(client, Leadership::always());
+    assert!(matches!(actor.write_status(&set, &change).await, Ok(true)));
+    let sent = log.writes_and_reads();
+    assert_eq!(sent[0].content_type, "application/json-patch+json");
+    assert_eq!(
+        sent[0].body,
+        json!([
+            {"op": "test", "path": "/metadata/uid", "value": "uid-web"},
+            {"op": "test", "path": status_path(), "value": "CleaningUp"},
+            {"op": "add", "path": status_path(), "value": "Stalled"},
+            {"op": "add", "path": reason_path(), "value": "CleanupFailed: ordinal 1 gave up after 3 attempts"},
+        ])
+    );
+    actor.status_event(&set, &change).await;
+    let events = log.events();
+    assert_eq!(events.len(), 1);
+    assert_eq!(
+        (events[0].0.as_str(), events[0].1.as_str()),
+        ("Normal", "ScaleDownPaused")
+    );
+
+    // Someone else changed it since (the test op fails): left alone, not an error.
+    for (code, reason) in [(422, "Invalid"), (409, "Conflict"), (404, "NotFound")] {
+        let (client, _) = mock_api::serve(move |_| mock_api::status(code, reason, "x"));
+        let (actor, _) = super::tests::actor(client, Leadership::always());
+        assert!(
+            matches!(actor.write_status(&set, &change).await, Ok(false)),
+            "{code}"
+        );
+    }
+    let (client, _) = mock_api::serve(|_| mock_api::status(403, "Forbidden", "x"));
+    let (actor, _) = super::tests::actor(client, Leadership::always());
+    let result = actor.write_status(&set, &change).await.map(|_| ());
+    assert_eq!(category(&result), Some(Category::Forbidden));
+
+    // No status yet: the test is that there is none.
+    let (client, log) = mock_api::serve(|_| (200, json!({})));
+    let (actor, _) = super::tests::actor(client, Leadership::always());
+    assert!(actor.write_status(&web(None), &idle()).await.is_ok());
+    assert_eq!(log.writes_and_reads()[0].body[1]["value"], Value::Null);
+}
+
+#[tokio::test]
+async fn under_dry_run_a_status_is_a_dry_run_record() {
+    let (client, log) = mock_api::serve(|_| (200, json!({})));
+    let (actor, _) = actor_with(client, Leadership::always(), true);
+    assert!(matches!(
+        actor.write_status(&web(None), &idle()).await,
+        Ok(true)
+    ));
+    assert!(
+        log.lines().iter().all(|l| !l.starts_with("PATCH")),
+        "{:?}",
+        log.lines()
+    );
+    let events = log.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].1, "DryRun");
+    assert!(events[0].2.contains("set status Idle"), "{events:?}");
 }

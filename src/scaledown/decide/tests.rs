@@ -47,6 +47,7 @@ pub(super) fn web(replicas: u32) -> Observed {
             when_deleted_delete: false,
             observed_generation: 3,
             status_replicas: replicas,
+            ..SetFacts::default()
         },
         ordinals: BTreeMap::new(),
         cleanups_in_flight: 0,
@@ -77,7 +78,7 @@ pub(super) fn stateful(ordinal: u32) -> PodFacts {
     }
 }
 
-fn cleanup(ordinal: u32, phase: Phase, attempt: u32) -> PodFacts {
+pub(super) fn cleanup(ordinal: u32, phase: Phase, attempt: u32) -> PodFacts {
     PodFacts {
         name: format!("web-{ordinal}"),
         uid: format!("uid-cleanup-{ordinal}-{attempt}"),
@@ -100,7 +101,7 @@ fn cleanup(ordinal: u32, phase: Phase, attempt: u32) -> PodFacts {
 }
 
 /// Ordinals 0..n with a `data` claim and, for ordinals in `pods`, a stateful pod.
-fn with_claims(
+pub(super) fn with_claims(
     mut o: Observed,
     claims: std::ops::Range<u32>,
     pods: std::ops::Range<u32>,
@@ -120,7 +121,7 @@ fn with_claims(
 
 /// Puts `pod` at `ordinal`; a cleanup pod is also recorded on the set, as the controller does when
 /// it confirms one it created.
-fn set_pod(o: &mut Observed, ordinal: u32, pod: PodFacts) {
+pub(super) fn set_pod(o: &mut Observed, ordinal: u32, pod: PodFacts) {
     if let PodRole::Cleanup(c) = &pod.role {
         o.set.records.insert(
             ordinal,
@@ -1125,4 +1126,60 @@ fn unused_ordinal_facts_are_harmless() {
     let mut o = web(2);
     o.ordinals.insert(9, OrdinalFacts::default());
     assert_eq!(plan(&o), Vec::<String>::new());
+}
+
+#[test]
+fn a_paused_set_finishes_what_runs_and_starts_nothing() {
+    let paused = |pod: Option<PodFacts>| {
+        let mut o = with_claims(web(1), 0..3, 0..1);
+        o.set.paused = true;
+        if let Some(pod) = pod {
+            set_pod(&mut o, 2, pod);
+        }
+        o
+    };
+    let mut gated = cleanup(2, Phase::Pending, 1);
+    if let PodRole::Cleanup(c) = &mut gated.role {
+        c.gated = true;
+    }
+    let cases: Vec<(&str, Observed, Vec<&str>)> = vec![
+        ("no cleanup pod is created", paused(None), vec![]),
+        (
+            "a running cleanup that succeeded still deletes its claims",
+            paused(Some(cleanup(2, Phase::Succeeded, 1))),
+            vec![
+                "event CleanupSuccess",
+                "delete-claim data-web-2 uid-data-2",
+                "delete-cleanup web-2 Completed",
+            ],
+        ),
+        (
+            "a failed one is not retried (kept until the resume)",
+            paused(Some(cleanup(2, Phase::Failed, 1))),
+            vec!["warn CleanupFailed"],
+        ),
+        (
+            "a recorded pod still gated is not released",
+            paused(Some(gated.clone())),
+            vec![],
+        ),
+    ];
+    for (what, o, expected) in cases {
+        assert_eq!(plan(&o), expected, "{what}");
+    }
+    let mut scaled_up = paused(Some(gated));
+    scaled_up.set.replicas = 3;
+    assert_eq!(
+        plan(&scaled_up),
+        ["event CleanupCancelled", "delete-cleanup web-2 NeverRan"],
+        "a scale-up while paused gets its name back; the claims are untouched"
+    );
+    let mut deleted = paused(None);
+    deleted.set.deleting = true;
+    assert!(
+        !plan(&deleted)
+            .iter()
+            .any(|s| s.starts_with("finalizer-") || s.starts_with("create")),
+        "deleted while paused: the finalizer stays, nothing is cleaned until the resume"
+    );
 }

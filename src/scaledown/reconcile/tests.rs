@@ -24,9 +24,11 @@ const TEMPLATE: &str = r#"{"spec":{"containers":[{"name":"main","image":"busybox
   "volumeMounts":[{"name":"data","mountPath":"/d"}]}]}}"#;
 
 /// Set `web` in `ns` with `replicas`, opted in, finalizer on, claim template `data`, and a record
-/// of cleanup pod `uid-cleanup` for ordinal 1 when `recorded`.
+/// of cleanup pod `uid-cleanup` for ordinal 1 when `recorded`. Its status annotation already says
+/// `CleaningUp` (what these passes compute), so the passes below write no status of their own.
 fn web(replicas: i32, recorded: bool) -> Value {
-    let mut annotations = json!({naming::TEMPLATE_ANNOTATION: TEMPLATE});
+    let mut annotations = json!({naming::TEMPLATE_ANNOTATION: TEMPLATE,
+                                 naming::STATUS_ANNOTATION: "CleaningUp"});
     if recorded {
         let record = Record {
             pod: "uid-cleanup".into(),
@@ -578,5 +580,108 @@ async fn a_cleanup_pod_that_ran_clears_its_name_so_the_next_scale_down_is_not_he
     assert!(
         ctx.recreate_wait(&key).is_none(),
         "a pod that ran is not a lost create: the name starts afresh"
+    );
+}
+
+#[tokio::test]
+async fn a_new_cleanup_carries_the_status_in_its_record_and_costs_no_request() {
+    let mut fresh = web(1, false);
+    let annotations = fresh["metadata"]["annotations"]
+        .as_object_mut()
+        .expect("annotations");
+    annotations.insert(naming::STATUS_ANNOTATION.into(), json!("Idle"));
+    let (result, log) = pass(fresh.clone(), vec![stateful_pod()], Some(fresh)).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(
+        log.lines(),
+        [
+            format!("POST {PODS}"),
+            format!("PATCH {SET_PATH}"),
+            format!("PATCH {PODS}/web-1"),
+        ],
+        "Idle -> CleaningUp rides in the record"
+    );
+    let status_path = format!(
+        "/metadata/annotations/{}",
+        naming::STATUS_ANNOTATION.replace('/', "~1")
+    );
+    let record = &log.writes_and_reads()[1].body;
+    assert!(
+        record
+            .as_array()
+            .expect("a JSON patch")
+            .iter()
+            .any(|op| op["path"] == status_path.as_str() && op["value"] == "CleaningUp"),
+        "{record}"
+    );
+}
+
+#[tokio::test]
+async fn a_status_change_alone_is_one_guarded_patch_and_the_next_pass_writes_nothing() {
+    // Replicas 2, claims of 0 and 1: nothing orphaned, but the set still says CleaningUp.
+    let (result, log) = pass(web(2, false), vec![stateful_pod()], Some(web(2, false))).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(log.lines(), [format!("PATCH {SET_PATH}")]);
+    let ops = log.writes_and_reads()[0].body.clone();
+    assert_eq!(ops[1]["op"], "test", "{ops}");
+    assert_eq!(
+        ops[1]["value"], "CleaningUp",
+        "guarded by the status it replaces"
+    );
+    assert_eq!(ops[2]["value"], "Idle", "{ops}");
+    assert!(log.events().is_empty(), "no Event for Idle");
+
+    let mut idle = web(2, false);
+    idle["metadata"]["annotations"][naming::STATUS_ANNOTATION] = json!("Idle");
+    let (result, log) = pass(idle.clone(), vec![stateful_pod()], Some(idle)).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert!(log.lines().is_empty(), "{:?}", log.lines());
+}
+
+#[tokio::test]
+async fn pausing_and_resuming_are_one_event_each_after_the_status_write() {
+    let mut paused = web(1, false);
+    paused["metadata"]["annotations"][naming::PAUSED_ANNOTATION] = json!("true");
+    let (result, log) = pass(paused.clone(), vec![stateful_pod()], Some(paused.clone())).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(
+        log.lines(),
+        [format!("PATCH {SET_PATH}")],
+        "no cleanup pod while paused, only the status"
+    );
+    let events = log.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].1, "ScaleDownPaused");
+    assert!(events[0].2.contains("ordinal 1 waits"), "{events:?}");
+
+    let mut still = paused;
+    still["metadata"]["annotations"][naming::STATUS_ANNOTATION] = json!("Paused");
+    still["metadata"]["annotations"][naming::STATUS_REASON_ANNOTATION] =
+        json!("Paused: ordinal 1 waits for a cleanup");
+    let (result, log) = pass(still.clone(), vec![stateful_pod()], Some(still.clone())).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert!(
+        log.lines().is_empty() && log.events().is_empty(),
+        "{:?}",
+        log.lines()
+    );
+
+    let mut resumed = still;
+    resumed["metadata"]["annotations"][naming::PAUSED_ANNOTATION] = json!("false");
+    let (result, log) = pass(resumed.clone(), vec![stateful_pod()], Some(resumed)).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(
+        log.lines(),
+        [
+            format!("POST {PODS}"),
+            format!("PATCH {SET_PATH}"),
+            format!("PATCH {PODS}/web-1"),
+        ],
+        "resumed: the cleanup is created, and the status rides in its record"
+    );
+    let reasons: Vec<String> = log.events().into_iter().map(|e| e.1).collect();
+    assert!(
+        reasons.contains(&"ScaleDownResumed".to_string()),
+        "{reasons:?}"
     );
 }
