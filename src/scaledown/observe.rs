@@ -125,6 +125,12 @@ pub struct SetFacts {
     pub observed_generation: i64,
     /// `status.replicas`: the pods the StatefulSet controller counts, from its own pod cache.
     pub status_replicas: u32,
+    /// The inherit annotation, raw (`decide` reads it with the flag).
+    pub inherit: Option<String>,
+    /// The scheduling fields of the set's pod template, as pod spec JSON
+    /// (`template::inherit::scheduling_of`): what its cleanup pod inherits when the set inherits.
+    /// The cache keeps them only for sets that inherit; for the others this is empty.
+    pub scheduling: serde_json::Map<String, serde_json::Value>,
 }
 
 impl SetFacts {
@@ -446,6 +452,11 @@ pub fn set_facts(set: &StatefulSet) -> SetFacts {
             .and_then(|s| s.observed_generation)
             .unwrap_or_default(),
         status_replicas: non_negative(set.status.as_ref().map(|s| s.replicas), 0),
+        inherit: set.annotations().get(naming::INHERIT_ANNOTATION).cloned(),
+        scheduling: spec
+            .and_then(|s| s.template.spec.as_ref())
+            .map(crate::template::inherit::scheduling_of)
+            .unwrap_or_default(),
     }
 }
 

@@ -262,7 +262,13 @@ impl Context {
             .get_opt(&set.name)
             .await
             .map_err(Error::kube("get statefulset", &set.name))?;
-        Ok(live.filter(|l| l.uid().as_deref() == Some(set.uid.as_str())))
+        // Pruned as the cache is, so that a live read gives the facts a cached one gives.
+        Ok(live
+            .filter(|l| l.uid().as_deref() == Some(set.uid.as_str()))
+            .map(|mut l| {
+                crate::caches::prune_set_for(&mut l, self.policy.inherit_scheduling);
+                l
+            }))
     }
 
     /// The facts with the set read live, and with `SetAndNamespace` the claims and pods of its
