@@ -263,7 +263,7 @@ async fn the_annotation_puts_the_cleanup_pod_on_the_sets_pool() {
     );
     assert_eq!(
         nodes_of_cleanup_pods(&pods, "pooled-1"),
-        [pool.name.clone()]
+        std::slice::from_ref(&pool.name)
     );
     assert!(env.claim_uid("data-pooled-0").await.is_some(), "kept");
     record(

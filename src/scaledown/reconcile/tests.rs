@@ -320,6 +320,47 @@ async fn a_new_cleanup_pod_runs_only_when_a_write_after_its_create_confirms_it_o
     );
 }
 
+/// The set's scheduling fields reach the created pod only when the set inherits them: from the
+/// cache as the watch prunes it, with `--inherit-scheduling` off and on.
+#[tokio::test]
+async fn the_created_pod_carries_the_sets_scheduling_when_it_inherits() {
+    for flag in [false, true] {
+        let mut full = web(1, false);
+        full["spec"]["template"]["spec"] = json!({
+            "containers": [{"name": "app", "image": "app"}],
+            "tolerations": [{"key": "pool", "operator": "Exists", "effect": "NoSchedule"}],
+            "nodeSelector": {"pool": "db"}
+        });
+        let mut cached: StatefulSet = object(full.clone());
+        crate::caches::prune_set_for(&mut cached, flag);
+        let (mut ctx, log) = context(&cached, vec![stateful_pod()], server(Some(full)));
+        ctx.policy.inherit_scheduling = flag;
+        ctx.pass(&cached).await.expect("a pass");
+        let sent = log.writes_and_reads();
+        assert_eq!(
+            (sent[0].method.as_str(), sent[0].path.as_str()),
+            ("POST", PODS),
+            "{:?}",
+            log.lines()
+        );
+        let spec = &sent[0].body["spec"];
+        assert_eq!(
+            spec.get("nodeSelector").is_some(),
+            flag,
+            "flag {flag}: {spec}"
+        );
+        assert_eq!(
+            spec.get("tolerations").is_some(),
+            flag,
+            "flag {flag}: {spec}"
+        );
+        assert!(
+            spec["containers"][0]["name"] == "main",
+            "the template's containers"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_template_removed_before_the_record_cancels_the_new_pod() {
     let mut opted_out = web(1, false);
