@@ -635,7 +635,7 @@ fn refused_too_recently(view: &View<'_>, ordinal: u32, plan: &mut Plan) -> bool 
             Reason::CleanupGaveUp,
             format!("refused-{ordinal}"),
             format!(
-                "the API server refused cleanup pod {pod} {} times (last: {} {}); giving up until the template annotation changes or the controller restarts",
+                "the API server refused cleanup pod {pod} {} times (last: {} {}); giving up until the template annotation (or the scheduling the pod inherits) changes or the controller restarts",
                 refusal.count, refusal.code, refusal.message
             ),
         );

@@ -621,3 +621,34 @@ async fn a_cleanup_pod_that_ran_clears_its_name_so_the_next_scale_down_is_not_he
         "a pod that ran is not a lost create: the name starts afresh"
     );
 }
+
+/// Refusals are remembered per template: a change of the template annotation, of the inherit
+/// annotation or of the scheduling fields the cache keeps makes a new one; a scale does not.
+#[test]
+fn what_a_cleanup_pod_is_made_from_is_hashed_for_its_refusals() {
+    let hash = |set: Value, flag: bool| {
+        let mut set: StatefulSet = object(set);
+        crate::caches::prune_set_for(&mut set, flag);
+        template_hash(&set)
+    };
+    let base = hash(web(1, false), true);
+    assert_eq!(
+        hash(web(2, false), true),
+        base,
+        "a scale keeps the refusals"
+    );
+    let mut other = web(1, false);
+    other["metadata"]["annotations"][naming::TEMPLATE_ANNOTATION] = json!("{}");
+    assert_ne!(hash(other, true), base);
+    let mut none = web(1, false);
+    none["metadata"]["annotations"][naming::INHERIT_ANNOTATION] = json!("none");
+    assert_ne!(hash(none, true), base);
+    let mut pooled = web(1, false);
+    pooled["spec"]["template"]["spec"] = json!({"containers": [], "nodeSelector": {"pool": "db"}});
+    assert_ne!(hash(pooled.clone(), true), base, "inherited fields changed");
+    assert_eq!(
+        hash(pooled, false),
+        hash(web(1, false), false),
+        "not inherited: not kept, not hashed"
+    );
+}
