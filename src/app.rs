@@ -143,7 +143,9 @@ fn controllers(wired: &Wiring, settings: &Settings) -> Controllers {
         } else {
             (None, None)
         };
-        let (caches, feeds) = Caches::new(wired.client, ns, claim_writer);
+        // Only the scale-down controller reads the sets' scheduling fields.
+        let inherit = settings.scaledown && wired.args.inherit_scheduling;
+        let (caches, feeds) = Caches::new(wired.client, ns, claim_writer, inherit);
         if settings.scaledown {
             work.push(with_scaledown(wired, &caches, ns, &mut built));
         }

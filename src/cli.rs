@@ -81,6 +81,13 @@ pub struct Args {
     #[arg(long, default_value_t = 32)]
     pub concurrency: u16,
 
+    /// Cleanup pods inherit their StatefulSet's tolerations, nodeSelector, node affinity,
+    /// priorityClassName, imagePullSecrets and pod securityContext, where the cleanup template does
+    /// not set them, unless the set is annotated `statefulsets.kubernetes.io/scaledown-pod-inherit:
+    /// none` (without this flag, only sets annotated `...: scheduling` do).
+    #[arg(long)]
+    pub inherit_scheduling: bool,
+
     /// Bind claims annotated `statefulsets.kubernetes.io/bound-to-pod: <pod>` to that pod's life.
     #[arg(long)]
     pub pod_bound_claims: bool,
@@ -236,6 +243,7 @@ impl Args {
             max_in_flight: (self.max_concurrent_cleanups > 0)
                 .then_some(self.max_concurrent_cleanups),
             pending_timeout: self.cleanup_pending_timeout,
+            inherit_scheduling: self.inherit_scheduling,
         }
     }
 }
@@ -265,6 +273,9 @@ mod tests {
         assert_eq!(args.scope().expect("scope").as_deref(), Some("x"));
         assert_eq!(args.policy().max_in_flight, Some(2));
         assert_eq!(args.policy().backoff_base, Duration::from_secs(1));
+        assert!(!args.policy().inherit_scheduling, "off unless asked for");
+        let args = Args::try_parse_from(["c", "--inherit-scheduling"]).expect("parses");
+        assert!(args.policy().inherit_scheduling);
         assert!(Args::try_parse_from(["c", "--namespace", "x", "--localOnly"]).is_err());
         assert!(Args::try_parse_from(["c", "--cleanup-attempts", "0"]).is_err());
     }

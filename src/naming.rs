@@ -3,6 +3,14 @@
 
 /// StatefulSet annotation holding the cleanup pod template (JSON, or YAML).
 pub const TEMPLATE_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-pod-template";
+/// StatefulSet annotation: what the cleanup pod inherits from the set's own pod template.
+/// [`INHERIT_SCHEDULING`] or [`INHERIT_NONE`]; without it, `--inherit-scheduling` decides.
+pub const INHERIT_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-pod-inherit";
+/// [`INHERIT_ANNOTATION`] value: the set's tolerations, node selector, node affinity, priority
+/// class, image pull secrets and pod security context.
+pub const INHERIT_SCHEDULING: &str = "scheduling";
+/// [`INHERIT_ANNOTATION`] value: nothing (opts a set out when `--inherit-scheduling` is on).
+pub const INHERIT_NONE: &str = "none";
 /// Cleanup pod annotation naming the StatefulSet it cleans up after.
 pub const OWNER_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-pod-owner";
 /// Cleanup pod label whose value is the pod's own name; also the selector of our cleanup-pod watch.

@@ -3,7 +3,8 @@
 //! change fanned out to every controller that subscribed to that kind.
 //!
 //! What is kept of each object is what its readers read, no more: a StatefulSet without its pod
-//! template and managed fields ([`prune_set`]); a claim's metadata without managed fields and with
+//! template (but the scheduling fields a cleanup pod inherits, for the sets that inherit them) and
+//! managed fields ([`prune_set`]); a claim's metadata without managed fields and with
 //! only our annotations ([`prune_claim`]); a pod pruned to what observe reads ([`prune_pod`]), and
 //! most pods by name only ([`PodCache`]). Claims and pods live in [`Index`]es, so that a pass finds
 //! what it needs by name, name prefix or mounted claim without copying whole caches.
@@ -74,11 +75,12 @@ pub struct Feeds {
 impl Caches {
     /// The caches of namespace `ns` (or all). With `claim_store`, the claims are also kept in that
     /// kube store (a Controller over claims reads its objects from one), as the same objects the
-    /// index holds.
+    /// index holds. `inherit_scheduling`: `--inherit-scheduling` (see [`prune_set_for`]).
     pub fn new(
         client: &Client,
         ns: Option<&str>,
         claim_store: Option<reflector::store::Writer<Claim>>,
+        inherit_scheduling: bool,
     ) -> (Caches, Feeds) {
         let all = watcher::Config::default().page_size(LIST_PAGE_SIZE);
         let (sets, sets_writer) = reflector::store();
@@ -91,7 +93,13 @@ impl Caches {
             pod_changes: Topic::default(),
         };
         let feeds = Feeds {
-            sets: resuming("statefulsets", api(client, ns), all.clone(), prune_set).boxed(),
+            sets: resuming(
+                "statefulsets",
+                api(client, ns),
+                all.clone(),
+                set_pruner(inherit_scheduling),
+            )
+            .boxed(),
             sets_writer,
             claims: resuming("claims", api(client, ns), all.clone(), prune_claim).boxed(),
             claim_store,
@@ -329,16 +337,60 @@ pub fn prune_pod(pod: &mut Pod) {
 
 /// Prunes a StatefulSet to what observe reads: its managed fields, the `kubectl apply` copy of
 /// itself and its pod template (only the claim templates and the annotations are read) are dropped.
-/// With a thousand sets these are most of the cache.
+/// With a thousand sets these are most of the cache. As [`prune_set_for`] without
+/// `--inherit-scheduling`.
 pub fn prune_set(set: &mut StatefulSet) {
+    prune_set_for(set, false);
+}
+
+/// [`prune_set`] with `--inherit-scheduling`.
+fn prune_set_inheriting(set: &mut StatefulSet) {
+    prune_set_for(set, true);
+}
+
+/// The pruning of the StatefulSet watch for `--inherit-scheduling` on or off.
+pub fn set_pruner(inherit_scheduling: bool) -> fn(&mut StatefulSet) {
+    if inherit_scheduling {
+        prune_set_inheriting
+    } else {
+        prune_set
+    }
+}
+
+/// Prunes a StatefulSet as [`prune_set`] does, but keeps the scheduling fields of its pod template
+/// (`template::inherit::keep_scheduling`) when its cleanup pods inherit them: the set takes part
+/// (non-blank template annotation) and its inherit annotation says `scheduling`, or it has none and
+/// `inherit_scheduling` is on. Sets that do not inherit cost nothing more. The live read of a set
+/// before acting is pruned the same way, so both give the same facts.
+pub fn prune_set_for(set: &mut StatefulSet, inherit_scheduling: bool) {
+    let keep = inherits_scheduling(set, inherit_scheduling);
     let meta = &mut set.metadata;
     meta.managed_fields = None;
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.remove(LAST_APPLIED);
     }
     if let Some(spec) = set.spec.as_mut() {
-        spec.template = Default::default();
+        let template = std::mem::take(&mut spec.template);
+        if keep {
+            spec.template.spec = template
+                .spec
+                .map(crate::template::inherit::keep_scheduling)
+                .filter(|kept| *kept != Default::default());
+        }
     }
+}
+
+/// Whether the cleanup pods of `set` inherit its scheduling fields (see [`prune_set_for`]).
+fn inherits_scheduling(set: &StatefulSet, inherit_scheduling: bool) -> bool {
+    use crate::template::inherit::{Inherit, inherit};
+    let annotations = set.annotations();
+    let takes_part = annotations
+        .get(naming::TEMPLATE_ANNOTATION)
+        .is_some_and(|t| !t.trim().is_empty());
+    let asked = annotations
+        .get(naming::INHERIT_ANNOTATION)
+        .map(String::as_str);
+    takes_part && inherit(asked, inherit_scheduling) == Inherit::Scheduling
 }
 
 /// Prunes a claim's metadata to what is read: the scale-down controller's next-attempt annotation

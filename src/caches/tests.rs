@@ -102,3 +102,141 @@ fn a_pruned_set_keeps_what_observe_reads() {
 fn observe_facts(set: &StatefulSet) -> String {
     format!("{:?}", crate::scaledown::observe::set_facts(set))
 }
+
+/// A set on a tainted pool, opted in, with `inherit` as its inherit annotation.
+fn pool_set(inherit: Option<&str>, template: bool) -> StatefulSet {
+    let mut annotations = serde_json::json!({LAST_APPLIED: "{}"});
+    if template {
+        annotations[naming::TEMPLATE_ANNOTATION] = serde_json::json!(
+            r#"{"spec":{"containers":[{"name":"c","image":"c","volumeMounts":[{"name":"data","mountPath":"/d"}]}]}}"#
+        );
+    }
+    if let Some(value) = inherit {
+        annotations[naming::INHERIT_ANNOTATION] = serde_json::json!(value);
+    }
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "db", "namespace": "ns", "uid": "u", "generation": 1,
+            "annotations": annotations},
+        "spec": {"replicas": 1, "serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
+            "template": {"metadata": {"labels": {"app": "db"}}, "spec": {
+                "containers": [{"name": "app", "image": "app"}],
+                "tolerations": [{"key": "pool", "operator": "Exists", "effect": "NoSchedule"}],
+                "nodeSelector": {"pool": "db"},
+                "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "h"}]}},
+                "securityContext": {"fsGroup": 2000}}},
+            "volumeClaimTemplates": [{"metadata": {"name": "data"}}]},
+        "status": {"replicas": 1}
+    }))
+    .expect("a set")
+}
+
+/// The cache keeps the scheduling fields of sets that inherit them, and nothing of the pod
+/// template of the others (no extra memory for sets that do not opt in).
+#[test]
+fn a_pruned_set_keeps_scheduling_only_when_it_inherits() {
+    let cases: &[(Option<&str>, bool, bool, bool)] = &[
+        // annotation, takes part, --inherit-scheduling, kept
+        (None, true, false, false),
+        (None, true, true, true),
+        (Some("scheduling"), true, false, true),
+        (Some("scheduling"), false, true, false),
+        (None, false, true, false),
+        (Some("none"), true, true, false),
+        (Some("nonsense"), true, true, false),
+    ];
+    for (inherit, takes_part, flag, kept) in cases {
+        let full = pool_set(*inherit, *takes_part);
+        let mut set = full.clone();
+        prune_set_for(&mut set, *flag);
+        let case = format!("annotation {inherit:?}, takes part {takes_part}, flag {flag}");
+        let template = set.spec.as_ref().map(|s| &s.template).expect("spec");
+        assert!(template.metadata.is_none(), "{case}");
+        assert!(!set.annotations().contains_key(LAST_APPLIED), "{case}");
+        let facts = crate::scaledown::observe::set_facts(&set);
+        if *kept {
+            let spec = template.spec.as_ref().expect("scheduling kept");
+            assert!(spec.containers.is_empty(), "{case}: no containers");
+            assert!(spec.affinity.is_none(), "{case}: pod anti-affinity dropped");
+            let want = crate::scaledown::observe::set_facts(&full).scheduling;
+            assert_eq!(facts.scheduling, want, "{case}");
+            let keys: Vec<&String> = facts.scheduling.keys().collect();
+            assert_eq!(keys, ["nodeSelector", "securityContext", "tolerations"]);
+        } else {
+            assert_eq!(template, &Default::default(), "{case}: nothing kept");
+            assert!(facts.scheduling.is_empty(), "{case}");
+        }
+        if !flag {
+            let mut default = full.clone();
+            prune_set(&mut default);
+            assert_eq!(default, set, "{case}: prune_set is the flag off");
+        }
+        let mut watched = full.clone();
+        set_pruner(*flag)(&mut watched);
+        assert_eq!(watched, set, "{case}: the watch prunes with the flag");
+    }
+}
+
+/// Whichever read a pass decides on (the cache, or the live read pruned the same way, or the
+/// unpruned object), the plan and the cleanup pod are the same.
+#[test]
+fn cache_and_live_reads_give_the_same_cleanup_pod() {
+    use crate::scaledown::decide::{Policy, decide};
+    use crate::scaledown::observe::{Observed, OrdinalFacts, SetRead};
+    for inherit in [None, Some("scheduling"), Some("none"), Some("nonsense")] {
+        for flag in [false, true] {
+            let full = pool_set(inherit, true);
+            let mut pruned = full.clone();
+            prune_set_for(&mut pruned, flag);
+            let policy = Policy {
+                inherit_scheduling: flag,
+                ..Policy::default()
+            };
+            let plan = |set: &StatefulSet| {
+                let facts = crate::scaledown::observe::set_facts(set);
+                let claim = crate::scaledown::observe::ClaimFacts {
+                    template: "data".into(),
+                    name: "data-db-1".into(),
+                    uid: "c1".into(),
+                    deleting: false,
+                    next_attempt: None,
+                    wanted_by_other: None,
+                    used_by: Vec::new(),
+                };
+                let o = Observed {
+                    set: facts,
+                    ordinals: [(
+                        1,
+                        OrdinalFacts {
+                            claims: vec![claim],
+                            pod: None,
+                        },
+                    )]
+                    .into(),
+                    cleanups_in_flight: 0,
+                    rejections: Default::default(),
+                    read: SetRead::LiveSet,
+                    now: "2026-11-20T12:00:00Z".parse().expect("time"),
+                };
+                decide(&o, &policy)
+            };
+            let case = format!("annotation {inherit:?}, flag {flag}");
+            let from_cache = plan(&pruned);
+            assert_eq!(from_cache, plan(&full), "{case}");
+            let created = from_cache
+                .steps
+                .iter()
+                .find_map(|s| match s {
+                    crate::scaledown::decide::Step::CreateCleanupPod { pod, .. } => Some(pod),
+                    _ => None,
+                })
+                .expect("a cleanup pod");
+            let inherits = inherit == Some("scheduling") || (inherit.is_none() && flag);
+            assert_eq!(
+                created["spec"].get("tolerations").is_some(),
+                inherits,
+                "{case}"
+            );
+        }
+    }
+}

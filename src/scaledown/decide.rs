@@ -64,6 +64,9 @@ pub struct Policy {
     pub max_in_flight: Option<usize>,
     /// A cleanup pod Pending this long is reported as stuck (`--cleanup-pending-timeout`).
     pub pending_timeout: Duration,
+    /// Cleanup pods of sets without the inherit annotation inherit the set's scheduling fields
+    /// (`--inherit-scheduling`).
+    pub inherit_scheduling: bool,
 }
 
 impl Default for Policy {
@@ -74,6 +77,7 @@ impl Default for Policy {
             backoff_max: Duration::from_secs(300),
             max_in_flight: None,
             pending_timeout: Duration::from_secs(600),
+            inherit_scheduling: false,
         }
     }
 }
@@ -286,6 +290,8 @@ struct View<'a> {
     policy: &'a Policy,
     opted_in: bool,
     template: Option<template::CleanupTemplate>,
+    /// The set's scheduling fields its cleanup pods inherit, when they do.
+    inherited: Option<&'a serde_json::Map<String, Value>>,
     background_deletion: bool,
     hold: Option<Hold>,
 }
@@ -362,6 +368,7 @@ impl<'a> View<'a> {
             Some(raw) if opted_in => parse_template(raw, set, plan),
             _ => None,
         };
+        let inherited = opted_in.then(|| inherited(set, policy, plan)).flatten();
         let has = |f: &str| set.finalizers.iter().any(|x| x == f);
         let foreign_pods = o
             .ordinals
@@ -391,6 +398,7 @@ impl<'a> View<'a> {
             policy,
             opted_in,
             template,
+            inherited,
             background_deletion,
             hold,
         }
@@ -398,6 +406,33 @@ impl<'a> View<'a> {
 
     fn orphaned(&self, ordinal: u32) -> bool {
         !self.o.set.wants(ordinal)
+    }
+}
+
+/// The scheduling fields the set's cleanup pods inherit: its own, when its annotation (or, without
+/// one, the flag) asks for them. An unknown value inherits nothing and is reported once.
+fn inherited<'a>(
+    set: &'a SetFacts,
+    policy: &Policy,
+    plan: &mut Plan,
+) -> Option<&'a serde_json::Map<String, Value>> {
+    match template::inherit::inherit(set.inherit.as_deref(), policy.inherit_scheduling) {
+        template::inherit::Inherit::Scheduling => Some(&set.scheduling),
+        template::inherit::Inherit::Nothing => None,
+        template::inherit::Inherit::Unknown(value) => {
+            let shown = template::quoted(&value);
+            plan.event(
+                Reason::CleanupInheritInvalid,
+                format!("inherit {shown}"),
+                format!(
+                    "annotation {} is {shown}; it may be {:?} or {:?}: the cleanup pod inherits nothing from the StatefulSet until it is fixed",
+                    naming::INHERIT_ANNOTATION,
+                    naming::INHERIT_SCHEDULING,
+                    naming::INHERIT_NONE
+                ),
+            );
+            None
+        }
     }
 }
 
@@ -613,7 +648,7 @@ fn refused_too_recently(view: &View<'_>, ordinal: u32, plan: &mut Plan) -> bool 
             Reason::CleanupGaveUp,
             format!("refused-{ordinal}"),
             format!(
-                "the API server refused cleanup pod {pod} {} times (last: {} {}); giving up until the template annotation changes or the controller restarts",
+                "the API server refused cleanup pod {pod} {} times (last: {} {}); giving up until the template annotation (or the scheduling the pod inherits) changes or the controller restarts",
                 refusal.count, refusal.code, refusal.message
             ),
         );
@@ -670,26 +705,45 @@ fn create_one(
         attempt,
         volumes,
     };
-    match template.render(&target) {
-        Ok(pod) => {
-            let claims = target
-                .volumes
-                .iter()
-                .filter_map(|(_, c)| c.map(|(n, u)| (n.to_string(), u.to_string())))
-                .collect();
-            plan.steps.push(Step::CreateCleanupPod {
-                ordinal,
-                attempt,
-                pod,
-                claims,
-            });
-        }
-        Err(e) => plan.event(
-            e.reason(),
-            e.to_string(),
-            format!("{e}; no cleanup pod is created until the annotation is fixed"),
-        ),
+    if let Some(pod) = render(view, template, &target, plan) {
+        let claims = target
+            .volumes
+            .iter()
+            .filter_map(|(_, c)| c.map(|(n, u)| (n.to_string(), u.to_string())))
+            .collect();
+        plan.steps.push(Step::CreateCleanupPod {
+            ordinal,
+            attempt,
+            pod,
+            claims,
+        });
     }
+}
+
+/// The cleanup pod for `target`, with the set's scheduling fields if it inherits them; a pod
+/// over the size limit is a Warning and no pod (not a request the API server refuses every pass).
+fn render(
+    view: &View<'_>,
+    template: &template::CleanupTemplate,
+    target: &Target<'_>,
+    plan: &mut Plan,
+) -> Option<Value> {
+    let (rendered, fix) = match view.inherited {
+        Some(inherited) if !inherited.is_empty() => (
+            template.render_inheriting(target, inherited),
+            "the annotation or the StatefulSet's scheduling fields are fixed (or the set opts out of inheriting them)",
+        ),
+        _ => (template.render(target), "the annotation is fixed"),
+    };
+    rendered
+        .map_err(|e| {
+            plan.event(
+                e.reason(),
+                e.to_string(),
+                format!("{e}; no cleanup pod is created until {fix}"),
+            )
+        })
+        .ok()
 }
 
 /// Nobody deletes the pods of a set held by a finalizer: we do, the way a scale to zero would.

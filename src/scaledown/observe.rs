@@ -130,6 +130,12 @@ pub struct SetFacts {
     /// Our status annotations as last written (the status, and its reason).
     pub status: Option<String>,
     pub status_reason: Option<String>,
+    /// The inherit annotation, raw (`decide` reads it with the flag).
+    pub inherit: Option<String>,
+    /// The scheduling fields of the set's pod template, as pod spec JSON
+    /// (`template::inherit::scheduling_of`): what its cleanup pod inherits when the set inherits.
+    /// The cache keeps them only for sets that inherit; for the others this is empty.
+    pub scheduling: serde_json::Map<String, serde_json::Value>,
 }
 
 impl SetFacts {
@@ -460,6 +466,11 @@ pub fn set_facts(set: &StatefulSet) -> SetFacts {
             .annotations()
             .get(naming::STATUS_REASON_ANNOTATION)
             .cloned(),
+        inherit: set.annotations().get(naming::INHERIT_ANNOTATION).cloned(),
+        scheduling: spec
+            .and_then(|s| s.template.spec.as_ref())
+            .map(crate::template::inherit::scheduling_of)
+            .unwrap_or_default(),
     }
 }
 

@@ -60,7 +60,7 @@ pub struct Context {
 /// The refused creations of one StatefulSet.
 #[derive(Clone, Debug, Default)]
 struct Memory {
-    /// Hash of the template annotation the refusals below were made with.
+    /// Hash of what the refused pods were made from ([`template_hash`]).
     template: u64,
     /// Creations the API server refused, per ordinal.
     refusals: BTreeMap<u32, Rejection>,
@@ -72,10 +72,21 @@ fn arcs<T>(items: Vec<T>) -> Vec<Arc<T>> {
     items.into_iter().map(Arc::new).collect()
 }
 
+/// Hash of what a set's cleanup pod is made from: its template annotation, its inherit annotation
+/// and the scheduling fields the cache keeps of it (only those of a set that inherits them), so
+/// that a change of any of them forgets the refusals of the pods made before.
 fn template_hash(set: &StatefulSet) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    set.annotations()
+    let annotations = set.annotations();
+    annotations
         .get(naming::TEMPLATE_ANNOTATION)
+        .hash(&mut hasher);
+    annotations
+        .get(naming::INHERIT_ANNOTATION)
+        .hash(&mut hasher);
+    let scheduling = set.spec.as_ref().and_then(|s| s.template.spec.as_ref());
+    serde_json::to_string(&scheduling)
+        .unwrap_or_default()
         .hash(&mut hasher);
     hasher.finish()
 }
@@ -328,7 +339,13 @@ impl Context {
             .get_opt(&set.name)
             .await
             .map_err(Error::kube("get statefulset", &set.name))?;
-        Ok(live.filter(|l| l.uid().as_deref() == Some(set.uid.as_str())))
+        // Pruned as the cache is, so that a live read gives the facts a cached one gives.
+        Ok(live
+            .filter(|l| l.uid().as_deref() == Some(set.uid.as_str()))
+            .map(|mut l| {
+                crate::caches::prune_set_for(&mut l, self.policy.inherit_scheduling);
+                l
+            }))
     }
 
     /// The facts with the set read live, and with `SetAndNamespace` the claims and pods of its

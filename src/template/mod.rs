@@ -8,6 +8,7 @@
 pub mod decode;
 #[cfg(test)]
 mod fuzz;
+pub mod inherit;
 #[cfg(test)]
 mod tests;
 
@@ -93,7 +94,7 @@ fn clip(text: &str) -> String {
 }
 
 /// `text` quoted and escaped as Rust's Debug does, then clipped.
-fn quoted(text: &str) -> String {
+pub(crate) fn quoted(text: &str) -> String {
     clip(&format!("{text:?}"))
 }
 
@@ -255,17 +256,35 @@ impl CleanupTemplate {
     /// scheduling gate [`naming::CONFIRM_GATE`], so it cannot start before it is confirmed.
     /// Refused when its JSON is over [`MAX_POD_BYTES`].
     pub fn render(&self, target: &Target<'_>) -> Result<Value, TemplateError> {
+        self.render_inheriting(target, &Map::new())
+    }
+
+    /// [`CleanupTemplate::render`], with the StatefulSet's scheduling fields `inherited` (see
+    /// [`inherit`]) added where the template does not set them. The size limit applies to the
+    /// result, so a set whose own fields make the pod too large gets the Warning, not a refusal
+    /// by the API server on every pass.
+    pub fn render_inheriting(
+        &self,
+        target: &Target<'_>,
+        inherited: &Map<String, Value>,
+    ) -> Result<Value, TemplateError> {
         let mut pod = self.pod.clone();
         pod.insert("apiVersion".into(), json!("v1"));
         pod.insert("kind".into(), json!("Pod"));
         pod.remove("status");
         render_metadata(object_entry(&mut pod, "metadata"), target);
-        render_spec(object_entry(&mut pod, "spec"), target);
+        let spec = object_entry(&mut pod, "spec");
+        render_spec(spec, target);
+        inherit::merge(spec, inherited);
         let pod = Value::Object(pod);
         let size = json_size(&pod);
         if size > MAX_POD_BYTES {
             return Err(TemplateError::TooLarge {
-                what: "the rendered cleanup pod",
+                what: if inherited.is_empty() {
+                    "the rendered cleanup pod"
+                } else {
+                    "the rendered cleanup pod with the StatefulSet's scheduling fields"
+                },
                 size,
                 limit: MAX_POD_BYTES,
             });

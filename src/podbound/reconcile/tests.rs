@@ -57,7 +57,7 @@ where
         false,
     );
     let leadership = Arc::new(Leadership::always());
-    let (caches, _feeds) = Caches::new(&client, Some("ns"), None);
+    let (caches, _feeds) = Caches::new(&client, Some("ns"), None, false);
     caches.pods.apply(&Event::Init);
     for p in cached {
         let p = serde_json::from_value(p).expect("pod");

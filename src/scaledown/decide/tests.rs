@@ -47,6 +47,8 @@ pub(super) fn web(replicas: u32) -> Observed {
             when_deleted_delete: false,
             observed_generation: 3,
             status_replicas: replicas,
+            inherit: None,
+            scheduling: serde_json::Map::new(),
             ..SetFacts::default()
         },
         ordinals: BTreeMap::new(),
@@ -1181,5 +1183,116 @@ fn a_paused_set_finishes_what_runs_and_starts_nothing() {
             .iter()
             .any(|s| s.starts_with("finalizer-") || s.starts_with("create")),
         "deleted while paused: the finalizer stays, nothing is cleaned until the resume"
+    );
+}
+
+/// The scheduling fields of a set on a tainted pool, as observe makes them.
+fn pool_scheduling() -> serde_json::Map<String, serde_json::Value> {
+    let spec = serde_json::json!({
+        "tolerations": [{"key": "pool", "operator": "Equal", "value": "db", "effect": "NoSchedule"}],
+        "nodeSelector": {"pool": "db"}
+    });
+    spec.as_object().cloned().unwrap_or_default()
+}
+
+/// The annotation, or without one the flag, decides whether the cleanup pod gets the set's
+/// scheduling fields; an unknown value gets nothing and one Warning.
+#[test]
+fn cleanup_pods_inherit_the_sets_scheduling_when_asked() {
+    let create = "create web-2#1";
+    let warn = "warn CleanupInheritInvalid";
+    let cases: &[(Option<&str>, bool, bool, &[&str])] = &[
+        // annotation, --inherit-scheduling, inherits, plan
+        (None, false, false, &[create]),
+        (None, true, true, &[create]),
+        (Some("scheduling"), false, true, &[create]),
+        (Some("scheduling"), true, true, &[create]),
+        (Some("none"), true, false, &[create]),
+        (Some("none"), false, false, &[create]),
+        (Some("Scheduling"), true, false, &[warn, create]),
+        (Some("all"), false, false, &[warn, create]),
+    ];
+    for (annotation, flag, inherits, want) in cases {
+        let mut o = with_claims(web(2), 0..3, 0..2);
+        o.set.inherit = annotation.map(String::from);
+        o.set.scheduling = pool_scheduling();
+        let policy = Policy {
+            inherit_scheduling: *flag,
+            ..Policy::default()
+        };
+        let p = decide(&o, &policy);
+        let case = format!("annotation {annotation:?}, flag {flag}");
+        assert_eq!(summary(&p), *want, "{case}");
+        let pods = created_pods(&p);
+        let spec = &pods[0]["spec"];
+        assert_eq!(
+            spec.get("tolerations").is_some() && spec.get("nodeSelector").is_some(),
+            *inherits,
+            "{case}: {spec}"
+        );
+        if *inherits {
+            assert_eq!(spec["nodeSelector"], serde_json::json!({"pool": "db"}));
+        }
+        assert_eq!(decide(&o, &policy), p, "{case}: deterministic");
+    }
+}
+
+/// Only a set that takes part is told about its inherit annotation.
+#[test]
+fn an_unknown_inherit_value_is_reported_only_for_sets_that_take_part() {
+    let mut o = with_claims(web(2), 0..3, 0..2);
+    o.set.template = None;
+    o.set.finalizers.clear();
+    o.set.inherit = Some("bogus".into());
+    assert_eq!(plan(&o), Vec::<String>::new());
+    o.set.template = Some(TEMPLATE.into());
+    let p = decide(&o, &Policy::default());
+    let Some(Step::Event(e)) = p.steps.get(1) else {
+        panic!("an Event after the finalizer: {:?}", summary(&p));
+    };
+    assert_eq!(e.reason, Reason::CleanupInheritInvalid);
+    assert_eq!(e.key, "inherit \"bogus\"", "one series per value");
+    assert!(e.note.contains(naming::INHERIT_ANNOTATION), "{}", e.note);
+}
+
+/// The cleanup template's own scheduling fields win over the set's.
+#[test]
+fn the_cleanup_templates_own_fields_win() {
+    let mut o = with_claims(web(2), 0..3, 0..2);
+    o.set.template = Some(
+        r#"{"metadata":{"labels":{"app":"web-cleanup"}},
+  "spec":{"nodeSelector":{"pool":"cleanup"},"containers":[{"name":"main","image":"busybox"}]}}"#
+            .into(),
+    );
+    o.set.inherit = Some("scheduling".into());
+    o.set.scheduling = pool_scheduling();
+    let p = decide(&o, &Policy::default());
+    let spec = &created_pods(&p)[0]["spec"];
+    assert_eq!(spec["nodeSelector"], serde_json::json!({"pool": "cleanup"}));
+    assert_eq!(spec["tolerations"], o.set.scheduling["tolerations"]);
+}
+
+/// A set whose fields make the cleanup pod too large gets a Warning and no pod, not a create the
+/// API server would refuse on every pass.
+#[test]
+fn inherited_fields_over_the_size_limit_are_a_warning_and_no_pod() {
+    let mut o = with_claims(web(2), 0..3, 0..2);
+    o.set.inherit = Some("scheduling".into());
+    let big = "v".repeat(crate::template::MAX_POD_BYTES);
+    o.set.scheduling = serde_json::json!({"nodeSelector": {"big": big}})
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let p = decide(&o, &Policy::default());
+    assert_eq!(summary(&p), ["warn CleanupTemplateTooLarge"]);
+    let Some(Step::Event(e)) = p.steps.first() else {
+        panic!("an Event");
+    };
+    assert!(e.note.contains("scheduling fields"), "{}", e.note);
+    o.set.inherit = Some("none".into());
+    assert_eq!(
+        plan(&o),
+        ["create web-2#1"],
+        "opting out lets the pod through"
     );
 }

@@ -322,6 +322,47 @@ async fn a_new_cleanup_pod_runs_only_when_a_write_after_its_create_confirms_it_o
     );
 }
 
+/// The set's scheduling fields reach the created pod only when the set inherits them: from the
+/// cache as the watch prunes it, with `--inherit-scheduling` off and on.
+#[tokio::test]
+async fn the_created_pod_carries_the_sets_scheduling_when_it_inherits() {
+    for flag in [false, true] {
+        let mut full = web(1, false);
+        full["spec"]["template"]["spec"] = json!({
+            "containers": [{"name": "app", "image": "app"}],
+            "tolerations": [{"key": "pool", "operator": "Exists", "effect": "NoSchedule"}],
+            "nodeSelector": {"pool": "db"}
+        });
+        let mut cached: StatefulSet = object(full.clone());
+        crate::caches::prune_set_for(&mut cached, flag);
+        let (mut ctx, log) = context(&cached, vec![stateful_pod()], server(Some(full)));
+        ctx.policy.inherit_scheduling = flag;
+        ctx.pass(&cached).await.expect("a pass");
+        let sent = log.writes_and_reads();
+        assert_eq!(
+            (sent[0].method.as_str(), sent[0].path.as_str()),
+            ("POST", PODS),
+            "{:?}",
+            log.lines()
+        );
+        let spec = &sent[0].body["spec"];
+        assert_eq!(
+            spec.get("nodeSelector").is_some(),
+            flag,
+            "flag {flag}: {spec}"
+        );
+        assert_eq!(
+            spec.get("tolerations").is_some(),
+            flag,
+            "flag {flag}: {spec}"
+        );
+        assert!(
+            spec["containers"][0]["name"] == "main",
+            "the template's containers"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_template_removed_before_the_record_cancels_the_new_pod() {
     let mut opted_out = web(1, false);
@@ -683,5 +724,36 @@ async fn pausing_and_resuming_are_one_event_each_after_the_status_write() {
     assert!(
         reasons.contains(&"ScaleDownResumed".to_string()),
         "{reasons:?}"
+    );
+}
+
+/// Refusals are remembered per template: a change of the template annotation, of the inherit
+/// annotation or of the scheduling fields the cache keeps makes a new one; a scale does not.
+#[test]
+fn what_a_cleanup_pod_is_made_from_is_hashed_for_its_refusals() {
+    let hash = |set: Value, flag: bool| {
+        let mut set: StatefulSet = object(set);
+        crate::caches::prune_set_for(&mut set, flag);
+        template_hash(&set)
+    };
+    let base = hash(web(1, false), true);
+    assert_eq!(
+        hash(web(2, false), true),
+        base,
+        "a scale keeps the refusals"
+    );
+    let mut other = web(1, false);
+    other["metadata"]["annotations"][naming::TEMPLATE_ANNOTATION] = json!("{}");
+    assert_ne!(hash(other, true), base);
+    let mut none = web(1, false);
+    none["metadata"]["annotations"][naming::INHERIT_ANNOTATION] = json!("none");
+    assert_ne!(hash(none, true), base);
+    let mut pooled = web(1, false);
+    pooled["spec"]["template"]["spec"] = json!({"containers": [], "nodeSelector": {"pool": "db"}});
+    assert_ne!(hash(pooled.clone(), true), base, "inherited fields changed");
+    assert_eq!(
+        hash(pooled, false),
+        hash(web(1, false), false),
+        "not inherited: not kept, not hashed"
     );
 }
