@@ -778,15 +778,14 @@ async fn dry_run_steps_are_separate_events() {
     env.create_pods_running(&SetSpec::new("web", 3, &env.class))
         .await;
     env.scale("web", 2).await;
-    // Both would-be steps happened: two DryRun Events, or (today) one series counted twice.
+    // The would-be create of ordinal 2's cleanup pod happened (after the would-be finalizer and
+    // status writes, each its own DryRun Event).
     events
-        .wait_until_record("two DryRun steps", WINDOW, |events| {
-            events
-                .events("web", "DryRun")
-                .iter()
-                .map(|e| e.series.as_ref().map_or(1, |s| s.count))
-                .sum::<i32>()
-                >= 2
+        .wait_until_record("the DryRun of the create", WINDOW, |events| {
+            events.events("web", "DryRun").iter().any(|e| {
+                let note = e.note.as_deref().unwrap_or_default();
+                note.contains("create cleanup pod") && note.contains("ordinal 2")
+            })
         })
         .await;
     let notes = event_notes(&env, "web", "DryRun").await;
