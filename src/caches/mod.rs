@@ -4,10 +4,10 @@
 //!
 //! What is kept of each object is what its readers read, no more: a StatefulSet without its pod
 //! template (but the scheduling fields a cleanup pod inherits, for the sets that inherit them) and
-//! managed fields ([`prune_set`]); a claim's metadata without managed fields and with
-//! only our annotations ([`prune_claim`]); a pod pruned to what observe reads ([`prune_pod`]), and
-//! most pods by name only ([`PodCache`]). Claims and pods live in [`Index`]es, so that a pass finds
-//! what it needs by name, name prefix or mounted claim without copying whole caches.
+//! managed fields ([`prune_set`]); a claim's metadata without managed fields and with only our
+//! annotations ([`prune_claim`]); a pod pruned to what observe reads ([`prune_pod`]) and held
+//! compact, most pods by name only ([`PodCache`]). Claims and pods live in [`Index`]es, so that a
+//! pass finds what it needs by name, name prefix or mounted claim without copying whole caches.
 //!
 //! Every watch runs under [`crate::resuming`]: after an error it waits a short, capped backoff and
 //! goes on from its last resourceVersion (lists again only after 410 Gone, then at once), so the
@@ -16,6 +16,7 @@
 //! every subscription is made before the feeds run, so that no subscriber misses the first list.
 
 mod feed;
+mod held;
 mod pods;
 
 use std::sync::Arc;
