@@ -1,5 +1,5 @@
-//! A pod kept in full, in a compact form: exactly what `prune_pod` keeps, without the k8s-openapi
-//! structs that hold every field inline.
+//! A pod kept in full, in a compact form: what `prune_pod` keeps (it keeps of spec and status what
+//! a [`HeldPod`] holds), without the k8s-openapi structs that hold every field inline.
 //!
 //! A pruned `Pod` still costs its full shape: `PodSpec` is about 1.5 KiB and `PodStatus` several
 //! hundred bytes even when nearly empty, and each mounted claim is a whole `Volume` of about
@@ -26,7 +26,7 @@ pub struct HeldPod {
     status: Option<HeldStatus>,
 }
 
-/// What `prune_pod` keeps of a pod's spec: the claims it mounts (volume name and source), its
+/// What is kept of a pod's spec: the claims it mounts (volume name and source), its
 /// node and its scheduling gates.
 #[derive(Clone, Debug, PartialEq)]
 struct HeldSpec {
@@ -35,7 +35,7 @@ struct HeldSpec {
     scheduling_gates: Option<Box<[String]>>,
 }
 
-/// What `prune_pod` keeps of a pod's status.
+/// What is kept of a pod's status.
 #[derive(Clone, Debug, PartialEq)]
 struct HeldStatus {
     phase: Option<String>,
@@ -44,8 +44,8 @@ struct HeldStatus {
 }
 
 impl HeldPod {
-    /// The pod as held: what `prune_pod` keeps of `pod` (the cache is fed pruned pods, so nothing
-    /// more is dropped here).
+    /// The pod as held: its metadata as it is (`prune_pod` prunes that first), and of its spec and
+    /// status only what `HeldSpec` and `HeldStatus` name.
     pub fn new(pod: &Pod) -> HeldPod {
         let spec = pod.spec.as_ref().map(|spec| HeldSpec {
             claims: spec.volumes.as_ref().map(|volumes| {

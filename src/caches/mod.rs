@@ -18,6 +18,7 @@
 mod feed;
 mod held;
 mod pods;
+use held::HeldPod;
 
 use std::sync::Arc;
 
@@ -299,11 +300,12 @@ pub fn sets_of_claim_name(
         .collect()
 }
 
-/// Prunes a pod to what its readers read: identity, owners, our annotations and label, the claims
-/// it mounts, its node, our gate and its phase. The rest (containers, env, status details) is
-/// dropped so the cache of every pod in the cluster stays small.
+/// Prunes a pod to what its readers read: identity, owners, our annotations and label, and of its
+/// spec and status what a [`HeldPod`] holds (the claims it mounts, its node, its gates, its phase,
+/// reason and start), so the pods read live and those the cache holds have one shape. The rest
+/// (containers, env, status details) is dropped so the cache of every pod in the cluster stays
+/// small.
 pub fn prune_pod(pod: &mut Pod) {
-    use k8s_openapi::api::core::v1::{PodSpec, PodStatus, Volume};
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
     if let Some(annotations) = meta.annotations.as_mut() {
@@ -312,28 +314,7 @@ pub fn prune_pod(pod: &mut Pod) {
     if let Some(labels) = meta.labels.as_mut() {
         labels.retain(|k, _| k == naming::CLEANUP_LABEL);
     }
-    let spec = pod.spec.take().map(|spec| PodSpec {
-        volumes: spec.volumes.map(|vs| {
-            vs.into_iter()
-                .filter(|v| v.persistent_volume_claim.is_some())
-                .map(|v| Volume {
-                    name: v.name,
-                    persistent_volume_claim: v.persistent_volume_claim,
-                    ..Default::default()
-                })
-                .collect()
-        }),
-        node_name: spec.node_name,
-        scheduling_gates: spec.scheduling_gates,
-        ..Default::default()
-    });
-    pod.spec = spec;
-    pod.status = pod.status.take().map(|status| PodStatus {
-        phase: status.phase,
-        reason: status.reason,
-        start_time: status.start_time,
-        ..Default::default()
-    });
+    *pod = HeldPod::new(pod).pod();
 }
 
 /// Prunes a StatefulSet to what observe reads: its managed fields, the `kubectl apply` copy of
