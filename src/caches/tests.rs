@@ -200,7 +200,7 @@ fn cache_and_live_reads_give_the_same_cleanup_pod() {
                     uid: "c1".into(),
                     deleting: false,
                     next_attempt: None,
-                    wanted_by_other: None,
+                    not_ours: None,
                     used_by: Vec::new(),
                 };
                 let o = Observed {
@@ -209,7 +209,7 @@ fn cache_and_live_reads_give_the_same_cleanup_pod() {
                         1,
                         OrdinalFacts {
                             claims: vec![claim],
-                            pod: None,
+                            ..OrdinalFacts::default()
                         },
                     )]
                     .into(),

@@ -501,6 +501,24 @@ impl Env {
             .collect()
     }
 
+    /// The notes of our Events with `reason` on `set`.
+    pub async fn event_notes(&self, set: &str, reason: &str) -> Vec<String> {
+        let events: Api<Event> = self.ns.api();
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .expect("list events");
+        list.items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(set))
+            .filter(|e| {
+                e.reporting_controller.as_deref() == Some("statefulset-scaledown-controller")
+            })
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter_map(|e| e.note)
+            .collect()
+    }
+
     pub async fn wait_event(&self, set: &str, reason: &str) {
         wait_for(&format!("event {reason} on {set}"), LONG, || async {
             self.event_reasons(set).await.iter().any(|r| r == reason)
