@@ -207,6 +207,8 @@ struct WatchStats {
     watches: usize,
     events: usize,
     delayed: usize,
+    /// The longest delay applied.
+    max_delay: Duration,
     /// MODIFIED events that reached a coalescing stage, and how many of them were dropped.
     modified: usize,
     dropped: usize,
@@ -382,10 +384,7 @@ impl Sieve {
             .get(&(verb.to_string(), resource.to_string()))
             .copied()
             .unwrap_or(0);
-        assert!(
-            done < n,
-            "sieve: {what} is already past ({done} answered)"
-        );
+        assert!(done < n, "sieve: {what} is already past ({done} answered)");
         shared.hooks.push(Hook {
             verb: verb.to_string(),
             resource: resource.to_string(),
@@ -451,11 +450,10 @@ impl Sieve {
         let shared = self.inner.lock();
         let mut lines = Vec::new();
         for (resource, s) in &shared.stats {
-            let rule = shared.rules.get(resource).copied().unwrap_or_default();
             if s.delayed > 0 {
                 lines.push(format!(
-                    "[sieve] {resource} watch delayed {:?}: {} events in {} watches",
-                    rule.delay, s.delayed, s.watches
+                    "[sieve] {resource} watch delayed (up to) {:?}: {} events in {} watches",
+                    s.max_delay, s.delayed, s.watches
                 ));
             }
             if s.modified > 0 {
@@ -672,6 +670,7 @@ fn shaped_watch(
                     s.events += 1;
                     if !delay.is_zero() {
                         s.delayed += 1;
+                        s.max_delay = s.max_delay.max(delay);
                     }
                 });
                 tokio::time::sleep_until(at + delay).await;
@@ -715,15 +714,24 @@ mod tests {
         assert!(!parse_target("GET", "/api/v1/pods?watch=false").is_watch());
         assert!(!parse_target("GET", "/api/v1/pods?watchy=true").is_watch());
         let t = parse_target("GET", "/apis/apps/v1/statefulsets?watch=true");
-        assert_eq!((t.verb.as_str(), t.resource.as_str()), ("watch", "statefulsets"));
+        assert_eq!(
+            (t.verb.as_str(), t.resource.as_str()),
+            ("watch", "statefulsets")
+        );
         assert_eq!(t.namespace, None);
-        let t = parse_target("PATCH", "/apis/apps/v1/namespaces/ns/statefulsets/web/status");
+        let t = parse_target(
+            "PATCH",
+            "/apis/apps/v1/namespaces/ns/statefulsets/web/status",
+        );
         assert_eq!(
             (t.verb.as_str(), t.resource.as_str(), t.name.as_deref()),
             ("patch", "statefulsets/status", Some("web"))
         );
         assert!(t.is_write());
-        let t = parse_target("DELETE", "/api/v1/namespaces/ns/persistentvolumeclaims/data-web-2");
+        let t = parse_target(
+            "DELETE",
+            "/api/v1/namespaces/ns/persistentvolumeclaims/data-web-2",
+        );
         assert_eq!(
             (t.verb.as_str(), t.resource.as_str()),
             ("delete", "persistentvolumeclaims")
@@ -732,7 +740,10 @@ mod tests {
             parse_target("DELETE", "/api/v1/namespaces/ns/pods").verb,
             "deletecollection"
         );
-        assert_eq!(parse_target("POST", "/api/v1/namespaces/ns/pods").verb, "create");
+        assert_eq!(
+            parse_target("POST", "/api/v1/namespaces/ns/pods").verb,
+            "create"
+        );
         let t = parse_target("GET", "/api/v1/namespaces/ns");
         assert_eq!(
             (t.verb.as_str(), t.resource.as_str(), t.name.as_deref()),
@@ -749,7 +760,10 @@ mod tests {
         let mut b = LineBuffer::default();
         assert!(b.push(b"{\"a\":").is_empty());
         let l = b.push(b"1}\n{\"b\":2}\n{\"c\"");
-        assert_eq!(l, vec![Bytes::from("{\"a\":1}\n"), Bytes::from("{\"b\":2}\n")]);
+        assert_eq!(
+            l,
+            vec![Bytes::from("{\"a\":1}\n"), Bytes::from("{\"b\":2}\n")]
+        );
         assert_eq!(b.finish(), Some(Bytes::from("{\"c\"")));
     }
 
