@@ -25,7 +25,8 @@ use support::fixtures::*;
 use support::recorder::{Recorder, Seen};
 use support::sieve::Sieve;
 use support::{
-    Cluster, Reclaim, client_from, from_json, wait_for_gone, wait_for_pod_phase, wait_for_pvc_phase,
+    Cluster, Reclaim, client_from, from_json, wait_for_gone, wait_for_pod_phase,
+    wait_for_pvc_phase, wait_for_some,
 };
 
 /// How far the perturbed watch lags (the reproduction used 3 s on the pod watch).
@@ -346,6 +347,61 @@ async fn scale_down_with_a_lagging_claim_watch_creates_one_cleanup_pod_per_ordin
 #[tokio::test(flavor = "multi_thread")]
 async fn scale_down_with_fresh_views_creates_one_cleanup_pod_per_ordinal() {
     scale_down_creates_one_cleanup_pod_per_ordinal("fresh-claims", None).await;
+}
+
+// === an intermediate state: killed right after a write ===
+
+/// The controller is SIGKILLed right after the API server answered its first claim delete of a
+/// Parallel 3 -> 1 scale-down (the proxy holds every later write), and a new controller, straight
+/// to the API server, finishes: both claims go, and each ordinal still got exactly one cleanup pod
+/// (docs/usage.md, "Success": completion is idempotent across crashes).
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_right_after_its_first_claim_delete_a_new_controller_finishes_once() {
+    let (sieve, mut env) = env_behind_sieve("stop-after-delete", 3, |_| {}).await;
+    let names = vec!["web".to_string()];
+    create_sets_running(&env, &names, 3).await;
+    create_markers(&env).await;
+    let pods = env.record_pods().await;
+    let mark = pods.mark();
+    let mut hook = sieve.stop_after_write("delete", "persistentvolumeclaims", 1);
+
+    env.scale("web", 1).await;
+    hook.fired(LONG).await;
+    env.controller().kill().await;
+    sieve.resume();
+    let mut left = Vec::new();
+    for n in [1, 2] {
+        let name = format!("data-web-{n}");
+        if env.claim_uid(&name).await.is_some() {
+            left.push(name);
+        }
+    }
+    eprintln!("[stale] killed after the first claim delete; claims still there: {left:?}");
+    env.controller = Some(Controller::start(&env.cluster, &env.ns.name, &[]).await);
+    for n in [1, 2] {
+        env.wait_claim_gone(&format!("data-web-{n}")).await;
+    }
+    let api = env.pods();
+    wait_for_some("no cleanup pod left", LONG, || async {
+        cleanup_pods(&api).await.is_empty().then_some(())
+    })
+    .await;
+    pods.close_window(&env.pods(), "window-marker").await;
+
+    let mut creates: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for s in pods.since(mark) {
+        if has_cleanup_marks(&s) && of_sets(&s.name, "", &names) {
+            creates
+                .entry(s.name.clone())
+                .or_default()
+                .insert(s.uid.clone());
+        }
+    }
+    let got: BTreeMap<String, usize> = creates.iter().map(|(k, v)| (k.clone(), v.len())).collect();
+    let expected: BTreeMap<String, usize> = [("web-1".to_string(), 1), ("web-2".to_string(), 1)]
+        .into_iter()
+        .collect();
+    assert_eq!(got, expected, "cleanup pods per ordinal across the kill");
 }
 
 // === the proxy itself ===

@@ -398,7 +398,7 @@ impl Sieve {
     pub fn resume(&self) {
         let mut shared = self.inner.lock();
         shared.hooks.clear();
-        if let Some(by) = shared.stopped_by.take() {
+        if let Some(by) = &shared.stopped_by {
             eprintln!(
                 "[sieve] writes resumed after {by}; {} were held",
                 shared.held
