@@ -500,18 +500,7 @@ async fn a_foreign_claim_named_like_the_temporary_claim_never_gets_the_pv() {
     bind(&ns, "cache", &pv, &pool.class).await;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client.clone(), &ns.name);
     let temp = format!("scrub-{pv}");
-    let foreign: PersistentVolumeClaim = support::from_json(serde_json::json!({
-        "metadata": {"name": temp,
-                     "labels": {"reclaimable-pv-releaser.kubernetes.io/scrub-pv": "true"},
-                     "annotations": {"reclaimable-pv-releaser.kubernetes.io/scrub-pv": pv}},
-        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": pool.class,
-                 "volumeName": pv, "resources": {"requests": {"storage": "1Gi"}}}
-    }));
-    let foreign = claims
-        .create(&kube::api::PostParams::default(), &foreign)
-        .await
-        .expect("create the foreign claim");
-    let foreign_uid = foreign.metadata.uid.clone().expect("uid");
+    let foreign_uid = create_foreign_claim(&claims, &temp, &pv, &pool.class).await;
     let args = [
         "--disable-scaledown",
         "--pv-releaser-id",
@@ -572,6 +561,28 @@ async fn a_foreign_claim_named_like_the_temporary_claim_never_gets_the_pv() {
         .iter()
         .any(|s| claim_ref(s).is_some_and(|(_, uid)| uid == foreign_uid));
     assert!(!handed, "the PV was handed to the foreign claim");
+}
+
+/// Creates claim `name` as someone else would: named, labelled and annotated like the temporary
+/// claim of `pv`, which it names by volumeName. Returns its UID.
+async fn create_foreign_claim(
+    claims: &Api<PersistentVolumeClaim>,
+    name: &str,
+    pv: &str,
+    class: &str,
+) -> String {
+    let foreign: PersistentVolumeClaim = support::from_json(serde_json::json!({
+        "metadata": {"name": name,
+                     "labels": {"reclaimable-pv-releaser.kubernetes.io/scrub-pv": "true"},
+                     "annotations": {"reclaimable-pv-releaser.kubernetes.io/scrub-pv": pv}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class,
+                 "volumeName": pv, "resources": {"requests": {"storage": "1Gi"}}}
+    }));
+    let foreign = claims
+        .create(&kube::api::PostParams::default(), &foreign)
+        .await
+        .expect("create the foreign claim");
+    foreign.metadata.uid.expect("uid")
 }
 
 /// A change of StorageClass `class` that means nothing (an annotation of the test's own).
