@@ -167,10 +167,11 @@ reasons! {
     /// The scrub of a PV failed (or its pod could not be created): the PV stays Released.
     Warning ScrubFailed = "ErrScrubPV"
         when "on a PersistentVolume: its scrub failed (the pod failed, the API server refused the pod, or the template broke or was removed before the pod was created); it stays Released",
-    /// A PV's StorageClass asks for a scrub that cannot run (its template cannot make a pod, or no
-    /// scrub namespace is known): nothing is written, the PV stays Released.
+    /// A PV's StorageClass asks for a scrub that cannot run (its template cannot make a pod, no
+    /// scrub namespace is known, or a claim this releaser did not create has the temporary claim's
+    /// name): nothing is written, the PV stays Released.
     Warning ScrubBlocked = "ScrubBlocked"
-        when "on a PersistentVolume: its StorageClass asks for a scrub that cannot run (the template cannot make a pod, or no scrub namespace is known); nothing is written and it stays Released until that is fixed (once per PV and cause)",
+        when "on a PersistentVolume: its StorageClass asks for a scrub that cannot run (the template cannot make a pod, no scrub namespace is known, or a claim named like the temporary claim exists that this releaser did not create); nothing is written and it stays Released until that is fixed (once per PV and cause)",
     /// Passes over one object failed in a row; it backs off.
     Warning ReconcileFailed = "ReconcileFailed"
         when "on the object (a StatefulSet, a PersistentVolume, a claim): two or more passes over it failed in a row; names the error category and the API server's answer; it backs off (once per distinct answer)",

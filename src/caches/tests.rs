@@ -63,14 +63,16 @@ fn the_claim_index_shares_the_stores_objects() {
 #[test]
 fn a_pruned_claim_keeps_our_annotations_only() {
     let bound = crate::podbound::observe::BOUND_TO_POD_ANNOTATION;
+    let waiting = crate::podbound::observe::WAITING_SINCE_ANNOTATION;
     let mut c = claim(
         "cache",
-        serde_json::json!({bound: "runner", naming::NEXT_ATTEMPT_ANNOTATION: "2", LAST_APPLIED: "{}"}),
+        serde_json::json!({bound: "runner", waiting: "runner@2026-11-24T12:00:00Z",
+                           naming::NEXT_ATTEMPT_ANNOTATION: "2", LAST_APPLIED: "{}"}),
     );
     prune_claim(&mut c);
     let mut kept: Vec<&String> = c.annotations().keys().collect();
     kept.sort();
-    let mut want = vec![bound, naming::NEXT_ATTEMPT_ANNOTATION];
+    let mut want = vec![bound, waiting, naming::NEXT_ATTEMPT_ANNOTATION];
     want.sort();
     assert_eq!(kept, want);
     assert!(c.metadata.managed_fields.is_none());
