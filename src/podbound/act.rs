@@ -52,18 +52,11 @@ impl Binder {
         if !self.may_write(claim, &what).await? {
             return Ok(());
         }
-        let patch = owner_patch(claim, pods).map_err(|source| Error::Encode {
-            what: "owner patch",
-            source,
-        })?;
-        let request = apijson::patch_request::<PersistentVolumeClaim>(
-            Some(&claim.namespace),
-            &claim.name,
-            &patch,
-            &PatchParams::default(),
-        )?;
-        match self.client.request::<PersistentVolumeClaim>(request).await {
-            Ok(_) => {
+        match self
+            .patch(claim, owner_patch(claim, pods), "owner patch")
+            .await?
+        {
+            Ok(()) => {
                 let uids: Vec<String> = pods
                     .iter()
                     .map(|p| format!("{} (uid {})", p.name, p.uid))
@@ -85,6 +78,28 @@ impl Binder {
         }
     }
 
+    /// Sends one JSON patch (its test ops guard the claim) to the claim, Go-encoded. The outer
+    /// error is an encoding failure; the inner one the API server's answer.
+    async fn patch(
+        &self,
+        claim: &ClaimFacts,
+        patch: std::result::Result<json_patch::Patch, serde_json::Error>,
+        what: &'static str,
+    ) -> Result<std::result::Result<(), kube::Error>> {
+        let patch = patch.map_err(|source| Error::Encode { what, source })?;
+        let request = apijson::patch_request::<PersistentVolumeClaim>(
+            Some(&claim.namespace),
+            &claim.name,
+            &patch,
+            &PatchParams::default(),
+        )?;
+        Ok(self
+            .client
+            .request::<PersistentVolumeClaim>(request)
+            .await
+            .map(|_| ()))
+    }
+
     /// Records on the claim since when it waits for its pod (`waiting`), by one JSON patch that
     /// tests the claim's UID and resourceVersion: the grace before its deletion starts then.
     pub async fn record(&self, claim: &ClaimFacts, waiting: &Waiting) -> Result<()> {
@@ -93,18 +108,11 @@ impl Binder {
         if !self.may_write(claim, &what).await? {
             return Ok(());
         }
-        let patch = waiting_patch(claim, waiting).map_err(|source| Error::Encode {
-            what: "waiting patch",
-            source,
-        })?;
-        let request = apijson::patch_request::<PersistentVolumeClaim>(
-            Some(&claim.namespace),
-            &claim.name,
-            &patch,
-            &PatchParams::default(),
-        )?;
-        match self.client.request::<PersistentVolumeClaim>(request).await {
-            Ok(_) => {
+        match self
+            .patch(claim, waiting_patch(claim, waiting), "waiting patch")
+            .await?
+        {
+            Ok(()) => {
                 info!(namespace = %claim.namespace, claim = %claim.name, %pod, since = %waiting.since, "claim waits for its pod; the grace starts");
                 Ok(())
             }

@@ -427,8 +427,9 @@ impl<'a> View<'a> {
             _ => None,
         };
         let inherited = opted_in.then(|| inherited(set, policy, plan)).flatten();
-        let orphan_deletion = propagation(o) == Some(Propagation::Orphan);
-        let background_deletion = propagation(o) == Some(Propagation::Background);
+        let deletion = propagation(o);
+        let orphan_deletion = deletion == Some(Propagation::Orphan);
+        let background_deletion = deletion == Some(Propagation::Background);
         let hold = if !opted_in {
             Some(Hold::OptedOut)
         } else if orphan_deletion {
