@@ -55,6 +55,7 @@ pub struct Metrics {
     reconcile_errors: Family<ErrorLabels, Counter>,
     reconcile_duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
     cleanup_duration: Histogram,
+    release_window: Histogram,
     leader: Gauge,
     events: Family<EventLabels, Counter>,
 }
@@ -74,6 +75,7 @@ impl Default for Metrics {
             reconcile_errors: Family::default(),
             reconcile_duration: Family::new_with_constructor(pass_buckets),
             cleanup_duration: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
+            release_window: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             leader: Gauge::default(),
             events: Family::default(),
             registry: Registry::default(),
@@ -129,6 +131,11 @@ impl Metrics {
             "cleanups_succeeded",
             "Cleanups completed: claims and pod deleted",
             self.cleanups_succeeded.clone(),
+        );
+        registry.register(
+            "release_window_seconds",
+            "From the send of the compare-and-swap that confirmed a set unchanged to the answer to the release of its cleanup pod",
+            self.release_window.clone(),
         );
         registry.register(
             "cleanups_failed",
@@ -200,6 +207,12 @@ impl Metrics {
         );
     }
 
+    /// The window in which a scale-up could still meet a released cleanup pod: from the send of
+    /// the request that confirmed the set unchanged (the record, or the guard) to the answer to
+    /// the release.
+    pub fn release_window(&self, seconds: f64) {
+        self.release_window.observe(seconds);
+    }
     pub fn cleanup_started(&self) {
         self.cleanups_started.inc();
     }

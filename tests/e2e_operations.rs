@@ -155,6 +155,51 @@ async fn two_instances_one_acts_and_the_other_takes_over() {
     assert_eq!(completed_by, BTreeSet::from([survivor.to_string()]));
 }
 
+/// The window in which a scale-up could still meet a released cleanup pod (docs/usage.md, "A
+/// scale-up always wins"): from the send of the compare-and-swap that confirmed the set unchanged
+/// to the answer to the release, over a Parallel scale-down of ten ordinals. Measured and written
+/// down, not bounded: a number of this machine, not a property of the code.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_release_window_is_measured_per_release() {
+    const REPLICAS: i32 = 10;
+    let mut env = Env::new("window", REPLICAS as usize, &[]).await;
+    let port = free_port();
+    let flag = format!("--metrics-bind-address=127.0.0.1:{port}");
+    env.controller = Some(Controller::start(&env.cluster, &env.ns.name, &[&flag]).await);
+    let mut spec = SetSpec::new("web", REPLICAS, &env.class);
+    spec.parallel = true;
+    env.create_running(&spec).await;
+    env.scale("web", 0).await;
+    for n in 0..REPLICAS {
+        env.wait_claim_gone(&format!("data-web-{n}")).await;
+    }
+    let (_, metrics) = http_get(port, "/metrics").await;
+    let count = sample(&metrics, "scaledown_release_window_seconds_count");
+    assert_eq!(
+        count,
+        f64::from(REPLICAS),
+        "one release per ordinal:\n{metrics}"
+    );
+    let mean_ms = sample(&metrics, "scaledown_release_window_seconds_sum") / count * 1000.0;
+    // The smallest bucket that holds every release.
+    let all_within = metrics
+        .lines()
+        .filter(|l| l.starts_with("scaledown_release_window_seconds_bucket"))
+        .find(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) == Some(count))
+        .and_then(|l| {
+            l.split("le=\"")
+                .nth(1)?
+                .split('"')
+                .next()
+                .map(str::to_string)
+        })
+        .unwrap_or_default();
+    record(
+        "release window (compare-and-swap sent -> release answered), Parallel 10 -> 0",
+        format!("mean {mean_ms:.1} ms, all {count} within {all_within} s"),
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_and_probes_follow_a_scale_down() {
     let mut env = Env::new("metrics", 5, &[]).await;
@@ -208,6 +253,14 @@ async fn metrics_and_probes_follow_a_scale_down() {
         "{after}"
     );
     assert_eq!(delta("scaledown_cleanup_duration_seconds_count"), 1.0);
+    // The one release, and the window a scale-up could still meet it in (docs/usage.md).
+    assert_eq!(delta("scaledown_release_window_seconds_count"), 1.0);
+    let window = delta("scaledown_release_window_seconds_sum");
+    assert!(window > 0.0, "{after}");
+    record(
+        "record (compare-and-swap) sent -> release answered, one cleanup",
+        format!("{:.1} ms", window * 1000.0),
+    );
     assert_eq!(sample(&after, "scaledown_leader"), 1.0);
     // The client counts what it sends: the cleanup pod creates, and the four watches
     // (sets, pods, cleanup pods, claims) were opened.

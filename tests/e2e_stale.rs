@@ -50,18 +50,7 @@ async fn env_behind_sieve(test: &str, pvs: usize, rules: impl FnOnce(&Sieve)) ->
     let class = ns.create_static_pvs("pv", pvs, Reclaim::Retain).await.class;
     let sieve = Sieve::start(client_from(&cluster.kubeconfig).await).await;
     rules(&sieve);
-    let kubeconfig = sieve.kubeconfig(&ns.name);
-    let args = [
-        "--namespace",
-        &ns.name,
-        "--cleanup-backoff",
-        "1s",
-        "--resync-period",
-        "10s",
-        "--metrics-bind-address=0",
-        "--health-probe-bind-address=0",
-    ];
-    let controller = Controller::spawn(&kubeconfig, &ns.name, &args, &[]);
+    let controller = spawn_behind(&sieve, &ns.name);
     let env = Env {
         cluster,
         ns,
@@ -69,6 +58,22 @@ async fn env_behind_sieve(test: &str, pvs: usize, rules: impl FnOnce(&Sieve)) ->
         controller: Some(controller),
     };
     (sieve, env)
+}
+
+/// A controller of namespace `ns` whose every request goes through `sieve`.
+fn spawn_behind(sieve: &Sieve, ns: &str) -> Controller {
+    let kubeconfig = sieve.kubeconfig(ns);
+    let args = [
+        "--namespace",
+        ns,
+        "--cleanup-backoff",
+        "1s",
+        "--resync-period",
+        "10s",
+        "--metrics-bind-address=0",
+        "--health-probe-bind-address=0",
+    ];
+    Controller::spawn(&kubeconfig, ns, &args, &[])
 }
 
 /// Creates the sets (Parallel, so their pods start together) and waits until every pod runs, every
@@ -402,6 +407,70 @@ async fn killed_right_after_its_first_claim_delete_a_new_controller_finishes_onc
         .into_iter()
         .collect();
     assert_eq!(got, expected, "cleanup pods per ordinal across the kill");
+}
+
+// === the release guard ===
+
+/// Whether a cleanup pod still carries the gate that keeps it from running.
+fn gated(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.scheduling_gates.as_ref())
+        .is_some_and(|g| g.iter().any(|g| g.name == CONFIRM_GATE))
+}
+
+/// Issue 23 item 4: a scale-up saved after a controller read the set live and before it released a
+/// recorded cleanup pod wins (docs/usage.md: "a scale-up always wins over a cleanup that has not
+/// been released"). The first controller records web-2's cleanup pod and dies before the release; a new
+/// one reads the set, judges ordinal 2 orphaned, and its first write is held while the test scales
+/// back up. Before the guard, that held write was the release and the cleanup pod ran on the wanted
+/// ordinal; now it is a confirmation of the read, which the API server refuses.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_scale_up_between_the_read_and_the_release_wins() {
+    let (sieve, mut env) = env_behind_sieve("release-guard", 3, |_| {}).await;
+    let names = vec!["web".to_string()];
+    create_sets_running(&env, &names, 3).await;
+    create_markers(&env).await;
+    let claim = env.claim_uid("data-web-2").await;
+    let pods = env.record_pods().await;
+    let mark = pods.mark();
+    // Every write after the record of the cleanup pod on the set is held.
+    let mut hook = sieve.stop_after_write_of("patch", "statefulsets", "scaledown-cleanups");
+    env.scale("web", 2).await;
+    hook.fired(LONG).await;
+    env.controller().kill().await;
+    let since = sieve.held_writes().len();
+    env.controller = Some(spawn_behind(&sieve, &env.ns.name));
+    let first = ["patch statefulsets web", "patch pods web-2"];
+    let held = sieve.wait_held(since, &first, LONG).await;
+    eprintln!("[stale] the new controller's first write, held: {held}");
+    env.scale("web", 3).await;
+    sieve.resume();
+    let api = env.pods();
+    wait_for_some("web-2 a stateful pod again, Running", LONG, || async {
+        let pod = api.get_opt("web-2").await.ok().flatten()?;
+        let running = pod.status.as_ref()?.phase.as_deref() == Some("Running");
+        (running && !pod.annotations().contains_key(OWNER)).then_some(())
+    })
+    .await;
+    pods.close_window(&env.pods(), "window-marker").await;
+
+    let cleanups: Vec<Seen<Pod>> = pods
+        .since(mark)
+        .into_iter()
+        .filter(|s| s.name == "web-2" && has_cleanup_marks(s))
+        .collect();
+    assert!(!cleanups.is_empty(), "no cleanup pod web-2 was ever seen");
+    let ungated: Vec<String> = cleanups
+        .iter()
+        .filter(|s| !s.gone() && !gated(&s.object))
+        .map(describe)
+        .collect();
+    assert!(
+        ungated.is_empty(),
+        "the cleanup pod of the wanted ordinal 2 was released: {ungated:?}"
+    );
+    assert_eq!(env.claim_uid("data-web-2").await, claim, "claim data-web-2");
 }
 
 // === the proxy itself ===

@@ -60,6 +60,9 @@ pub struct Done {
     pub status: Option<bool>,
     /// The objects this plan deleted (or found deleted already): the caches may still show them.
     pub deleted: Vec<Gone>,
+    /// A guard found the set changed since the read the plan was decided on: the steps after it
+    /// were not carried out, and the next pass decides again on a newer read.
+    pub stale: bool,
 }
 
 /// An object a delete of ours removed (or found gone), by kind, name and UID.
@@ -137,6 +140,9 @@ impl Actor {
             if !skipped {
                 self.carry_out(set, step, plan.status.as_ref(), done)
                     .await?;
+            }
+            if done.stale {
+                break;
             }
         }
         Ok(())
@@ -216,7 +222,19 @@ impl Actor {
                 }
                 Ok(())
             }
-            Step::Release { name, uid } => self.release(ns, name, uid).await,
+            Step::Release { name, uid } => {
+                // The read of the set that judged the ordinal orphaned is confirmed by the API
+                // server itself, so a scale-up saved since that read wins over the release.
+                let sent = std::time::Instant::now();
+                if self.guard(set).await? {
+                    self.release(ns, name, uid).await?;
+                    self.metrics.release_window(sent.elapsed().as_secs_f64());
+                    Ok(())
+                } else {
+                    done.stale = true;
+                    Ok(())
+                }
+            }
             Step::DeleteClaim { name, uid } => {
                 self.delete_claim(set, name, uid).await?;
                 done.deleted.push(Gone::claim(name, uid));
@@ -469,10 +487,12 @@ impl Actor {
         if runs.is_empty() {
             return Ok(false);
         }
+        let sent = std::time::Instant::now();
         self.record(live, records, status).await?;
         for pod in runs {
             if release {
                 self.release(ns, &pod.name, &pod.uid).await?;
+                self.metrics.release_window(sent.elapsed().as_secs_f64());
             }
             self.metrics.cleanup_started();
             let note = format!(
@@ -503,18 +523,7 @@ impl Actor {
         let mut ops = record_ops(live, records);
         // The status rides along: its ops test nothing, so they never fail the record's swap.
         ops.extend(status.map(status_ops).unwrap_or_default());
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
-        // Encoded as the API server encodes the set, so the template test compares like with like.
-        let request = apijson::patch_request::<StatefulSet>(
-            Some(&live.namespace),
-            &live.name,
-            &ops,
-            &params,
-        )?;
-        match self.client.request::<StatefulSet>(request).await {
+        match self.swap(live, &ops).await? {
             Ok(_) => Ok(()),
             // A failed test op (the set changed since the read) or a conflict: read again.
             Err(e) if is_status(&e, &[code::CONFLICT, code::INVALID, code::NOT_FOUND]) => {
@@ -529,6 +538,42 @@ impl Actor {
                 source,
             }),
         }
+    }
+
+    /// Whether the set is still as `live` shows it (UID, generation, template annotation, our
+    /// record): a JSON patch of test ops only, which the API server applies without a change or
+    /// refuses. What it confirms can change again only in the round trip to the next write.
+    async fn guard(&self, live: &SetFacts) -> Result<bool> {
+        match self.swap(live, &guard_ops(live)).await? {
+            Ok(_) => Ok(true),
+            Err(e) if is_status(&e, &[code::CONFLICT, code::INVALID, code::NOT_FOUND]) => {
+                debug!(set = %live.name, error = %e, "the set changed since its read; no release");
+                Ok(false)
+            }
+            Err(e) => Err(Error::kube("confirm the read of statefulset", &live.name)(
+                e,
+            )),
+        }
+    }
+
+    /// Sends a JSON patch to the set, encoded as the API server encodes the set, so a test of the
+    /// template compares like with like. The outer error: the patch could not be encoded.
+    async fn swap(
+        &self,
+        live: &SetFacts,
+        ops: &[serde_json::Value],
+    ) -> Result<std::result::Result<StatefulSet, kube::Error>> {
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let request = apijson::patch_request::<StatefulSet>(
+            Some(&live.namespace),
+            &live.name,
+            &ops,
+            &params,
+        )?;
+        Ok(self.client.request::<StatefulSet>(request).await)
     }
 
     /// Removes our scheduling gate from a recorded cleanup pod (UID-guarded), so it may run.
@@ -681,6 +726,15 @@ mod tests;
 /// [`apijson::to_vec`], so the template compares equal exactly when it is unchanged.
 pub fn record_ops(live: &SetFacts, records: &BTreeMap<u32, Record>) -> Vec<serde_json::Value> {
     let path = annotation_path(naming::RECORD_ANNOTATION);
+    let mut ops = guard_ops(live);
+    ops.push(json!({"op": "add", "path": path, "value": format_records(records)}));
+    ops
+}
+
+/// The `test` ops of a record: the set's UID, generation, template annotation and our record (or
+/// its absence) as `live` shows them.
+pub fn guard_ops(live: &SetFacts) -> Vec<serde_json::Value> {
+    let path = annotation_path(naming::RECORD_ANNOTATION);
     let mut ops = vec![
         json!({"op": "test", "path": "/metadata/uid", "value": live.uid}),
         json!({"op": "test", "path": "/metadata/generation", "value": live.generation}),
@@ -693,7 +747,6 @@ pub fn record_ops(live: &SetFacts, records: &BTreeMap<u32, Record>) -> Vec<serde
     // written meanwhile by another pass or writer is never overwritten from a stale read.
     let old = live.record_raw.as_ref().map_or(json!(null), |r| json!(r));
     ops.push(json!({"op": "test", "path": path, "value": old}));
-    ops.push(json!({"op": "add", "path": path, "value": format_records(records)}));
     ops
 }
 

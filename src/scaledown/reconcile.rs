@@ -41,7 +41,8 @@ const RECREATE_DELAY_MAX: Duration = Duration::from_secs(60);
 /// Reads of the set for one record of new cleanup pods, when the set keeps changing under us.
 const RECORD_TRIES: usize = 3;
 
-/// How soon a set looks again after its caches and a live read disagreed on its deletion.
+/// How soon a set looks again after its caches and a live read disagreed on its deletion, or a
+/// guard found it changed since the read a plan was decided on.
 const DISAGREE_RECHECK: Duration = Duration::from_secs(1);
 
 /// What the live reads before acting came to.
@@ -161,6 +162,8 @@ impl Context {
         let executed = self.actor.execute(&observed.set, &plan, &mut done).await;
         self.remember(set, &observed, &done, &reserved);
         self.expect_deleted(&observed.set.namespace, &done.deleted);
+        // A guard found the set changed: its watch event is on the way; look again soon anyway.
+        let stale = done.stale.then_some(DISAGREE_RECHECK);
         // Pods created before a failed step are settled all the same.
         let status = plan.status.as_ref().map(|c| &c.write);
         let recorded = self
@@ -184,6 +187,9 @@ impl Context {
         }
         let after = plan
             .requeue_after
+            .into_iter()
+            .chain(stale)
+            .min()
             .map_or(self.resync, |d| d.min(self.resync))
             .max(Duration::from_millis(500));
         Ok(Action::requeue(after))

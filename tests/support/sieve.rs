@@ -217,8 +217,22 @@ struct WatchStats {
 struct Hook {
     verb: String,
     resource: String,
+    /// Fires on the `n`-th write of its kind, or with `needle` on the first whose body holds it.
     n: usize,
+    needle: Option<String>,
     fired: watch::Sender<bool>,
+}
+
+impl Hook {
+    fn hit(&self, target: &Target, count: usize, body: &[u8]) -> bool {
+        let holds = |needle: &str| body.windows(needle.len()).any(|w| w == needle.as_bytes());
+        self.verb == target.verb
+            && self.resource == target.resource
+            && match &self.needle {
+                Some(needle) => holds(needle),
+                None => self.n == count,
+            }
+    }
 }
 
 #[derive(Default)]
@@ -227,8 +241,8 @@ struct Shared {
     stats: BTreeMap<String, WatchStats>,
     writes: BTreeMap<(String, String), usize>,
     hooks: Vec<Hook>,
-    /// Writes held because a hook fired, and the hook that stopped them.
-    held: usize,
+    /// Writes held because a hook fired (`verb resource name`), and the hook that stopped them.
+    held: Vec<String>,
     stopped_by: Option<String>,
 }
 
@@ -376,19 +390,32 @@ impl Sieve {
     /// forwarded one at a time from now until [`Sieve::resume`].
     pub fn stop_after_write(&self, verb: &str, resource: &str, n: usize) -> StopHook {
         let what = format!("write #{n} ({verb} {resource})");
+        let done = self.writes(verb, resource);
+        assert!(done < n, "sieve: {what} is already past ({done} answered)");
+        self.arm(verb, resource, n, None, what)
+    }
+
+    /// As [`Sieve::stop_after_write`], on the first `verb` of `resource` whose body holds `needle`.
+    pub fn stop_after_write_of(&self, verb: &str, resource: &str, needle: &str) -> StopHook {
+        let what = format!("{verb} {resource} with {needle:?}");
+        self.arm(verb, resource, 0, Some(needle.to_string()), what)
+    }
+
+    fn arm(
+        &self,
+        verb: &str,
+        resource: &str,
+        n: usize,
+        needle: Option<String>,
+        what: String,
+    ) -> StopHook {
         eprintln!("[sieve] rule: stop after {what}");
         let (fired, rx) = watch::channel(false);
-        let mut shared = self.inner.lock();
-        let done = shared
-            .writes
-            .get(&(verb.to_string(), resource.to_string()))
-            .copied()
-            .unwrap_or(0);
-        assert!(done < n, "sieve: {what} is already past ({done} answered)");
-        shared.hooks.push(Hook {
+        self.inner.lock().hooks.push(Hook {
             verb: verb.to_string(),
             resource: resource.to_string(),
             n,
+            needle,
             fired,
         });
         StopHook { fired: rx, what }
@@ -401,7 +428,7 @@ impl Sieve {
         if let Some(by) = &shared.stopped_by {
             eprintln!(
                 "[sieve] writes resumed after {by}; {} were held",
-                shared.held
+                shared.held.len()
             );
         }
         drop(shared);
@@ -416,6 +443,35 @@ impl Sieve {
             .get(&(verb.to_string(), resource.to_string()))
             .copied()
             .unwrap_or(0)
+    }
+
+    /// The writes held since a hook fired, oldest first: `verb resource name`.
+    pub fn held_writes(&self) -> Vec<String> {
+        self.inner.lock().held.clone()
+    }
+
+    /// Waits until a write held after the first `since` is one of `any` (`verb resource name`),
+    /// and returns it; panics after `timeout`.
+    pub async fn wait_held(&self, since: usize, any: &[&str], timeout: Duration) -> String {
+        let mut changed = self.inner.written.subscribe();
+        let found = tokio::time::timeout(timeout, async {
+            loop {
+                let held = self.held_writes();
+                if let Some(hit) = held.iter().skip(since).find(|h| any.contains(&h.as_str())) {
+                    return Some(hit.clone());
+                }
+                if changed.changed().await.is_err() {
+                    return None;
+                }
+            }
+        })
+        .await;
+        found.ok().flatten().unwrap_or_else(|| {
+            panic!(
+                "sieve: none of {any:?} held within {timeout:?} (held: {:?})",
+                self.held_writes()
+            )
+        })
     }
 
     /// Every write answered so far, per (verb, resource).
@@ -466,7 +522,7 @@ impl Sieve {
         if let Some(by) = &shared.stopped_by {
             lines.push(format!(
                 "[sieve] writes stopped after {by}: {} held",
-                shared.held
+                shared.held.len()
             ));
         }
         if lines.is_empty() {
@@ -513,7 +569,7 @@ async fn handle(State(inner): State<Arc<Inner>>, req: Request) -> Response {
         Err(e) => return status(400, format!("sieve: bad request: {e}")),
     };
     if target.is_write() {
-        return write(&inner, &target, upstream).await;
+        return write(&inner, &target, &body, upstream).await;
     }
     let res = match inner.upstream.send(upstream).await {
         Ok(r) => r,
@@ -540,15 +596,28 @@ async fn passthrough(res: http::Response<kube::client::Body>) -> Response {
     out
 }
 
+/// Counts `target` among the held writes (and wakes [`Sieve::wait_held`]).
+fn hold(inner: &Inner, target: &Target) {
+    let what = format!(
+        "{} {} {}",
+        target.verb,
+        target.resource,
+        target.name.as_deref().unwrap_or("")
+    );
+    inner.lock().held.push(what.trim_end().to_string());
+    inner.written.send_modify(|n| *n += 1);
+}
+
 async fn write(
     inner: &Inner,
     target: &Target,
+    body: &[u8],
     upstream: http::Request<kube::client::Body>,
 ) -> Response {
     // Held while a hook fired (until resume); one at a time while a hook is armed.
     let mut frozen = inner.frozen.subscribe();
     if *frozen.borrow() {
-        inner.lock().held += 1;
+        hold(inner, target);
     }
     if frozen.wait_for(|f| !*f).await.is_err() {
         return status(503, "sieve: stopped".into());
@@ -561,7 +630,7 @@ async fn write(
     };
     if *inner.frozen.borrow() {
         // A hook fired while this write waited for its turn.
-        inner.lock().held += 1;
+        hold(inner, target);
         if frozen.wait_for(|f| !*f).await.is_err() {
             return status(503, "sieve: stopped".into());
         }
@@ -579,7 +648,7 @@ async fn write(
     };
     let mut fired = None;
     shared.hooks.retain(|h| {
-        let hit = h.verb == target.verb && h.resource == target.resource && h.n == count;
+        let hit = h.hit(target, count, body);
         if hit {
             fired = Some(h.fired.clone());
         }

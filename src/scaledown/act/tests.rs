@@ -458,19 +458,74 @@ async fn a_cancelled_pod_is_deleted_by_uid_and_never_recorded() {
     );
 }
 
-#[tokio::test]
-async fn a_release_of_a_pod_gone_or_replaced_is_done() {
-    let step = Step::Release {
+fn release_step() -> Step {
+    Step::Release {
         name: "web-1".into(),
         uid: "uid-new".into(),
-    };
+    }
+}
+
+#[tokio::test]
+async fn a_release_of_a_pod_gone_or_replaced_is_done() {
     for (code, reason) in [(404, "NotFound"), (409, "Conflict")] {
-        let (result, _, log) = run(vec![step.clone()], move |_| {
-            mock_api::status(code, reason, "x")
+        let (result, done, log) = run(vec![release_step()], move |sent| {
+            if sent.path == SET_PATH {
+                (200, json!({}))
+            } else {
+                mock_api::status(code, reason, "x")
+            }
         })
         .await;
         assert!(result.is_ok(), "{code}");
-        assert_eq!(log.writes_and_reads()[0].body["metadata"]["uid"], "uid-new");
+        assert!(!done.stale, "{code}");
+        let sent = log.writes_and_reads();
+        assert_eq!(sent[1].body["metadata"]["uid"], "uid-new");
+    }
+}
+
+/// The release is preceded by a patch of test ops only on the set (UID, generation, template,
+/// record), and a refused test leaves the pod gated and the rest of the plan undone.
+#[tokio::test]
+async fn a_release_is_sent_only_after_the_server_confirmed_the_read_of_the_set() {
+    let (result, done, log) = run(vec![release_step()], |_| (200, json!({}))).await;
+    assert!(result.is_ok());
+    assert!(!done.stale);
+    assert_eq!(
+        log.lines(),
+        [
+            format!("PATCH {SET_PATH}"),
+            format!("PATCH {NS_PODS}/web-1")
+        ]
+    );
+    let guard = &log.writes_and_reads()[0];
+    assert_eq!(guard.content_type, "application/json-patch+json");
+    let ops = guard.body.as_array().expect("a JSON patch");
+    assert!(ops.iter().all(|op| op["op"] == "test"), "{ops:?}");
+    assert!(
+        ops.iter()
+            .any(|op| op["path"] == "/metadata/generation" && op["value"] == 4),
+        "{ops:?}"
+    );
+    // A scale-up saved since the read: the test op fails (422), or the set is gone (404).
+    for code in [422, 409, 404] {
+        let steps = vec![
+            release_step(),
+            Step::DeleteClaim {
+                name: "data-web-2".into(),
+                uid: "uid-claim".into(),
+            },
+        ];
+        let (result, done, log) = run(steps, move |sent| {
+            if sent.path == SET_PATH {
+                mock_api::status(code, "Invalid", "the test operation failed")
+            } else {
+                (200, json!({}))
+            }
+        })
+        .await;
+        assert!(result.is_ok(), "{code}: {result:?}");
+        assert!(done.stale, "{code}");
+        assert_eq!(log.lines(), [format!("PATCH {SET_PATH}")], "{code}");
     }
 }
 
