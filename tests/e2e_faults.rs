@@ -404,13 +404,42 @@ async fn restart_round(env: &Env, pods: &Recorder<Pod>, ordinal: i32, down: u32)
         unix_ms(seen.at) - ready_at
     };
     let held_acted = created(held.clone(), Duration::from_secs(300)).await;
-    let late_acted = created(late.clone(), Duration::from_secs(300)).await;
+    kcm_caught_up(env, &format!("deleted {late}"), || async {
+        env.pods()
+            .get_opt(&late)
+            .await
+            .ok()
+            .flatten()
+            .is_none_or(|p| is_cleanup(&p))
+    })
+    .await;
+    let late_acted = created(late.clone(), LONG).await;
     let late_pod_gone = pods
         .since(mark)
         .into_iter()
         .find(|s| s.name == late && !is_cleanup(&s.object) && s.gone())
         .map(|s| unix_ms(s.at) - ready_at);
     // Both cleanups complete before the next restart, so each round measures one scale-down each.
+    // Their release waits for the StatefulSet controller's status of the scale-down.
+    for set in ["held", "late"] {
+        kcm_caught_up(
+            env,
+            &format!("status of {set} at {ordinal} replicas"),
+            || async {
+                env.sets()
+                    .get_opt(set)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|s| {
+                        let status = s.status.unwrap_or_default();
+                        status.observed_generation >= s.metadata.generation
+                            && status.replicas <= ordinal
+                    })
+            },
+        )
+        .await;
+    }
     for set in ["held", "late"] {
         env.wait_claim_gone(&format!("data-{set}-{ordinal}")).await;
         wait_for_gone(&env.pods(), &format!("{set}-{ordinal}"), LONG).await;
@@ -422,6 +451,50 @@ async fn restart_round(env: &Env, pods: &Recorder<Pod>, ordinal: i32, down: u32)
         late_acted,
         late_pod_gone,
     }
+}
+
+/// How long kube-controller-manager may take to act after an API server restart. Its informers
+/// back off between failed watches (client-go: 0.8 s doubling to 30 s, plus up to 100 % jitter,
+/// reset only after 2 min without a failure), and right after a restart the API server answers
+/// 403 until its RBAC caches are warm, so each restart of a series adds failures; a StatefulSet
+/// whose syncs failed meanwhile (its caches behind its own writes) then waits out the work queue's
+/// per-item backoff (5 ms doubling). Measured here: up to 75 s after the third restart in a row.
+const KCM_BUDGET: Duration = Duration::from_secs(420);
+
+/// Waits until `done` holds: something only kube-controller-manager brings about. Panics after
+/// [`KCM_BUDGET`] with what its log says about the namespace and its watches.
+async fn kcm_caught_up<F, Fut>(env: &Env, what: &str, done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let waited = tokio::time::timeout(
+        KCM_BUDGET,
+        wait_for(what, KCM_BUDGET + Duration::from_secs(60), done),
+    )
+    .await;
+    if waited.is_err() {
+        panic!(
+            "kube-controller-manager: not {what} within {KCM_BUDGET:?} of the restart; its log:\n{}",
+            kcm_log_of(&env.ns.name)
+        );
+    }
+}
+
+/// The last lines of kube-controller-manager's log about `namespace` or about its watches of the
+/// kinds this test depends on.
+fn kcm_log_of(namespace: &str) -> String {
+    let path = support::cluster_state_dir().join("logs/kube-controller-manager.log");
+    let log = std::fs::read_to_string(&path).unwrap_or_else(|e| format!("{}: {e}", path.display()));
+    let kinds = ["statefulsets", "pods is", "persistentvolumeclaims is"];
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            l.contains(namespace)
+                || (l.contains("Failed to watch") && kinds.iter().any(|k| l.contains(k)))
+        })
+        .collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
 #[tokio::test(flavor = "multi_thread")]

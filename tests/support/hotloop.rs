@@ -25,6 +25,11 @@
 //! longer remove a new pod). A hot loop (the
 //! same failure answered by a new pod, pass after pass) crosses it within seconds.
 //!
+//! **One create per ordinal and attempt** (issue 23): within a series, no attempt number may run
+//! in two pods. A pod counts as run once it was seen without the controller's scheduling gate; a
+//! pod removed while still gated never ran, and the controller may create it again for the same
+//! attempt (the slack above). A set with an explicit bound from the test is exempt.
+//!
 //! **Opting out**, visibly in the test: `ns.allow_cleanup_creates(set, n, why)` (an explicit bound
 //! for one set's ordinals, with a reason; for tests that provoke a persistent failure on purpose)
 //! or `ns.skip_hot_loop_check(why)` (no check, with a reason); see [`super::TestNamespace`].
@@ -58,6 +63,8 @@ pub const SLACK: usize = 2;
 const CLEANUP_LABEL: &str = statefulset_scaledown_controller::naming::CLEANUP_LABEL;
 /// Annotation naming the StatefulSet a cleanup pod belongs to.
 const OWNER: &str = statefulset_scaledown_controller::naming::OWNER_ANNOTATION;
+/// The scheduling gate a cleanup pod is created with, until its record.
+const GATE: &str = statefulset_scaledown_controller::naming::CONFIRM_GATE;
 /// Annotation with the pod's attempt number.
 const ATTEMPT: &str = statefulset_scaledown_controller::naming::ATTEMPT_ANNOTATION;
 
@@ -121,11 +128,33 @@ pub struct OrdinalCreates {
     pub generation: Option<i64>,
     /// The created pods, in order: UID, attempt annotation, time since the recorder started.
     pub pods: Vec<(String, Option<String>, std::time::Duration)>,
+    /// The UIDs of those pods that were ever seen without the controller's gate (released).
+    pub released: HashSet<String>,
 }
 
 impl OrdinalCreates {
     pub fn count(&self) -> usize {
         self.pods.len()
+    }
+
+    /// The attempts that more than one released pod ran for, with their pods: one create per
+    /// ordinal and attempt (issue 23). A pod removed while still gated never ran and is exempt:
+    /// docs/usage.md lets the controller create such a pod again for the same attempt.
+    pub fn attempts_run_twice(&self) -> Vec<String> {
+        let mut per_attempt: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (uid, attempt, _) in self.pods.iter().filter(|p| self.released.contains(&p.0)) {
+            per_attempt
+                .entry(attempt.as_deref().unwrap_or("?"))
+                .or_default()
+                .push(uid);
+        }
+        per_attempt
+            .into_iter()
+            .filter(|(_, uids)| uids.len() > 1)
+            .map(|(attempt, uids)| {
+                format!("attempt {attempt} released {} times: {uids:?}", uids.len())
+            })
+            .collect()
     }
 
     /// The attempt annotations and times of the creates, e.g. `1 +3.1s, 2 +6.0s`.
@@ -181,6 +210,14 @@ pub struct HotLoopCheck {
 }
 
 /// Whether the controller created this pod (its field manager owns fields of it).
+/// Whether a pod lacks the controller's scheduling gate (it was released, or never had it).
+fn ungated(pod: &Pod) -> bool {
+    !pod.spec
+        .as_ref()
+        .and_then(|s| s.scheduling_gates.as_ref())
+        .is_some_and(|g| g.iter().any(|g| g.name == GATE))
+}
+
 pub fn created_by_controller(pod: &Pod) -> bool {
     pod.metadata
         .managed_fields
@@ -257,7 +294,13 @@ impl HotLoopCheck {
         let mut index: HashMap<(String, Option<String>, Option<i64>), usize> = HashMap::new();
         let mut counted: HashSet<String> = HashSet::new();
         let mut foreign: HashSet<String> = HashSet::new();
-        for seen in self.pods.seen() {
+        let all = self.pods.seen();
+        let released: HashSet<String> = all
+            .iter()
+            .filter(|s| ungated(&s.object))
+            .map(|s| s.uid.clone())
+            .collect();
+        for seen in all {
             if counted.contains(&seen.uid) || foreign.contains(&seen.uid) {
                 continue;
             }
@@ -287,9 +330,13 @@ impl HotLoopCheck {
                     set_uid,
                     generation,
                     pods: Vec::new(),
+                    released: HashSet::new(),
                 });
                 groups.len() - 1
             });
+            if released.contains(&seen.uid) {
+                groups[at].released.insert(seen.uid.clone());
+            }
             groups[at].pods.push((
                 seen.uid.clone(),
                 seen.annotations.get(ATTEMPT).cloned(),
@@ -299,19 +346,29 @@ impl HotLoopCheck {
         (groups, foreign.len())
     }
 
+    /// What is wrong with one ordinal series: more creates than its bound, or (unless the test
+    /// allowed its set more) an attempt that ran in more than one pod.
+    fn over_bound(&self, g: &OrdinalCreates) -> Option<String> {
+        let (bound, why) = self.bound_of(&g.set);
+        if g.count() > bound {
+            return Some(format!("{g} > bound {bound} ({why})"));
+        }
+        let allowed = self
+            .allowed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&g.set);
+        let twice = g.attempts_run_twice();
+        (!allowed && !twice.is_empty()).then(|| format!("{g}: {}", twice.join("; ")))
+    }
+
     /// `Err` with a report if an ordinal crossed its bound (and the check is on); `Ok` with a
     /// one-line summary otherwise (empty when the controller created no cleanup pod).
     pub fn verdict(&self) -> Result<String, String> {
         let (groups, foreign) = self.creates();
         let off = self.off.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let total: usize = groups.iter().map(OrdinalCreates::count).sum();
-        let over: Vec<String> = groups
-            .iter()
-            .filter_map(|g| {
-                let (bound, why) = self.bound_of(&g.set);
-                (g.count() > bound).then(|| format!("{g} > bound {bound} ({why})"))
-            })
-            .collect();
+        let over: Vec<String> = groups.iter().filter_map(|g| self.over_bound(g)).collect();
         let most = groups.iter().max_by_key(|g| g.count());
         let summary = match most {
             None if foreign == 0 => String::new(),
@@ -339,7 +396,7 @@ impl HotLoopCheck {
             return Ok(summary);
         }
         Err(format!(
-            "hot loop: in namespace {}, the controller created more cleanup pods for one ordinal within one generation of its StatefulSet than its attempts allow (tests/support/hotloop.rs; opt out visibly with `ns.allow_cleanup_creates(set, n, why)` or `ns.skip_hot_loop_check(why)`):\n{}\n(pod watch errors: {:?})",
+            "hot loop: in namespace {}, the controller created more cleanup pods for one ordinal within one generation of its StatefulSet than its attempts allow, or released two pods for one attempt (tests/support/hotloop.rs; opt out visibly with `ns.allow_cleanup_creates(set, n, why)` or `ns.skip_hot_loop_check(why)`):\n{}\n(pod watch errors: {:?})",
             self.namespace,
             over.join("\n"),
             self.pods.errors()
