@@ -579,7 +579,7 @@ cmd_up() {
       log "no real node for this cluster: another cluster on this machine runs one (only one per machine)"
       echo "another cluster on this machine runs the real node" >"$state/real-node-skipped"
       ;;
-    *) fail "" "hack/real-node.sh up failed (exit $rc; logs in target/real-node-logs-failed/); SCALEDOWN_REAL_NODE=0 starts the cluster without it" ;;
+    *) fail "" "hack/real-node.sh up failed (exit $rc; its cause is reported above, its logs kept in target/real-node-logs-failed/); SCALEDOWN_REAL_NODE=0 starts the cluster without it" ;;
     esac
   else
     echo "SCALEDOWN_REAL_NODE=0" >"$state/real-node-skipped"

@@ -103,7 +103,12 @@ alive() {
   is_ours "$pid"
 }
 
-# start NAME [nsenter args --] CMD...: in its own session, output to logs/NAME.log, pid recorded.
+# start NAME [nsenter args --] CMD...: in its own session, stdout and stderr to logs/NAME.log, pid
+# recorded. Returns once the background subshell has exec'd CMD (or died): until then its command
+# line is this script's, which does not name the state dir, so `alive` (is_ours) would call a
+# healthy start dead. That was issue 27's "registry exited while waiting for: registry on the
+# namespace's 127.0.0.1:5000" with an empty log: wait_for looked a few milliseconds after `start`,
+# on a loaded machine before the exec (hack/cluster.sh's start_component had the same race, d0570e7).
 start() {
   local name=$1
   shift
@@ -114,7 +119,46 @@ start() {
     done
     exec setsid "$@" </dev/null >>"$rn/logs/$name.log" 2>&1
   ) &
-  echo $! >"$rn/pids/$name.pid"
+  local pid=$! i
+  echo "$pid" >"$rn/pids/$name.pid"
+  for ((i = 0; i < 200; i++)); do
+    is_ours "$pid" && return 0
+    proc_alive "$pid" || return 0 # died before or at its exec: wait_for reports it with its status
+    sleep 0.05
+  done
+  log "WARNING: $name (pid $pid) has not exec'd its command after 10 s"
+}
+
+# report NAME: why component NAME is not (or not yet) what was waited for: its pid, its exit status
+# if it exited (every component is a child of this shell, started by this `up`), or what that pid
+# is now, then the last lines of its log (stdout and stderr), or that the log is empty.
+report() {
+  local name=$1 pid rc f
+  f="$rn/logs/$name.log"
+  if ! pid=$(pid_of "$name"); then
+    log "$name: no pid recorded"
+  elif ! proc_alive "$pid"; then
+    rc=0
+    wait "$pid" 2>/dev/null || rc=$?
+    if ((rc == 127)) && ! [[ -s "$f" ]]; then
+      log "$name (pid $pid) exited (status unknown: not a child of this shell, or its command was not found)"
+    elif ((rc > 128)); then
+      log "$name (pid $pid) was killed by signal $((rc - 128)) ($(kill -l "$((rc - 128))" 2>/dev/null || echo '?'))"
+    else
+      log "$name (pid $pid) exited with status $rc"
+    fi
+  elif ! is_ours "$pid"; then
+    log "$name pid $pid is not $name: stat '$(cut -d' ' -f1-8 "/proc/$pid/stat" 2>/dev/null)'," \
+      "cmdline '$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | cut -c1-200)'"
+  else
+    log "$name (pid $pid) still runs"
+  fi
+  if [[ -s "$f" ]]; then
+    log "last lines of $f:"
+    tail -n 30 "$f" >&2 || true
+  else
+    log "$f is empty"
+  fi
 }
 
 # in_ns CMD...: runs CMD in the node's network and mount namespaces.
@@ -311,19 +355,27 @@ node_ready() {
     and all(.spec.taints[]?; .key != "node.kubernetes.io/not-ready" and .key != "node.cloudprovider.kubernetes.io/uninitialized")' >/dev/null
 }
 
-wait_for() { # wait_for SECONDS WHAT CMD...
-  local timeout=$1 what=$2
-  shift 2
-  local deadline=$((SECONDS + timeout)) c
+wait_for() { # wait_for SECONDS COMPONENT WHAT CMD...: fails (with the cause) if any component dies
+  local timeout=$1 component=$2 what=$3
+  shift 3
+  local deadline=$((SECONDS + timeout)) f c
   until "$@"; do
-    for c in holder containerd registry kubelet; do
-      if [[ -e "$rn/pids/$c.pid" ]] && ! alive "$c"; then
-        log "$c exited while waiting for: $what; last lines of its log:"
-        tail -n 30 "$rn/logs/$c.log" >&2 || true
-        exit 1
-      fi
+    for f in "$rn"/pids/*.pid; do
+      [[ -e "$f" ]] || continue
+      c=${f##*/}
+      c=${c%.pid}
+      alive "$c" && continue
+      sleep 0.25 # look twice before calling it dead
+      alive "$c" && continue
+      log "ERROR: $c exited while waiting for: $what"
+      report "$c"
+      exit 1
     done
-    ((SECONDS < deadline)) || { log "timed out after ${timeout}s waiting for: $what"; exit 1; }
+    if ((SECONDS >= deadline)); then
+      log "ERROR: timed out after ${timeout}s waiting for: $what"
+      report "$component"
+      exit 1
+    fi
     sleep 0.25
   done
 }
@@ -351,6 +403,21 @@ ensure_pod_network() {
   nsenter -t "$(pid_of holder)" -n -- ip addr replace "$ip/32" dev lo
   alive relay-api-service && return 0
   start relay-api-service nsenter -t "$(pid_of holder)" -n -- socat "TCP-LISTEN:$port,bind=$ip,fork,reuseaddr" "UNIX-CONNECT:$rn/api.sock"
+}
+
+# The EXIT trap of a failed `up`: keeps this start's logs (only this start's: an older copy goes)
+# in target/real-node-logs-failed, says which they are, and stops what was started.
+up_failed() {
+  local kept="$root/target/real-node-logs-failed" f sizes=()
+  rm -rf "$kept"
+  if cp -r "$rn/logs" "$kept" 2>/dev/null; then
+    for f in "$kept"/*; do [[ -e "$f" ]] && sizes+=("${f##*/} $(stat -c %s "$f") B"); done
+    f=$(printf '%s, ' "${sizes[@]}")
+    log "start failed; its logs are kept in $kept (${f%, }); stopping what was started"
+  else
+    log "start failed (no logs in $rn/logs); stopping what was started"
+  fi
+  teardown
 }
 
 cmd_up() {
@@ -384,7 +451,7 @@ cmd_up() {
   [[ -x "$kubelet_dir/kubelet" ]] || die "hack/build-kubelet.sh produced no kubelet"
   echo "[timing] real-node kubelet binary: $((SECONDS - tb)) s"
 
-  trap 'rc=$?; if ((rc != 0)); then log "start failed; stopping what was started (logs: $rn/logs)"; cp -r "$rn/logs" "$root/target/real-node-logs-failed" 2>/dev/null || true; teardown; fi' EXIT
+  trap 'rc=$?; if ((rc != 0)); then up_failed; fi' EXIT
   trap 'exit 130' INT TERM
   mkdir -p "$rn/pids" "$rn/logs"
   local s
@@ -405,7 +472,7 @@ cmd_up() {
     ip addr add $node_ip/24 dev cni0
     ip link set cni0 up
     exec -a 'scaledown-real-node-holder $rn/' sleep infinity"
-  wait_for 10 "namespace holder" holder_ready
+  wait_for 10 holder "namespace holder" holder_ready
   echo "$(stat -L -c %i "/proc/$(pid_of holder)/ns/net") $(stat -L -c %i "/proc/$(pid_of holder)/ns/mnt")" >"$rn/ns"
 
   # Loopback relays (unix sockets join the two network namespaces).
@@ -418,7 +485,7 @@ cmd_up() {
   client_cert
   write_configs
   start containerd nsenter -t "$(pid_of holder)" -n -m -- containerd --config "$rn/containerd.toml"
-  wait_for 30 "containerd socket" ctr_ok
+  wait_for 30 containerd "containerd socket" ctr_ok
   local ti=$SECONDS
   "$here/busybox-image.sh" "$rn/busybox-oci.tar"
   ctr -a "$rn/containerd.sock" -n k8s.io images import "$rn/busybox-oci.tar" >"$rn/logs/import.log" 2>&1 ||
@@ -429,10 +496,11 @@ cmd_up() {
   # containerd's hosts.toml names it as the only host for docker.io: no fallback to the internet.
   local crane
   crane=$("$here/build-tools.sh" crane | tail -n 1) || die "hack/build-tools.sh crane failed"
+  [[ -x "$crane" ]] || die "hack/build-tools.sh crane printed '$crane', not an executable"
   mkdir -p "$rn/registry"
   for h in "${mirrored[@]}"; do mkdir -p "$rn/certs.d/$h"; done
   start registry nsenter -t "$(pid_of holder)" -n -- "$crane" registry serve --address "127.0.0.1:$registry_port" --disk "$rn/registry"
-  wait_for 20 "registry on the namespace's 127.0.0.1:$registry_port" registry_ok
+  wait_for 20 registry "registry on the namespace's 127.0.0.1:$registry_port" registry_ok
   local h
   for h in "${mirrored[@]}"; do
     printf 'server = "http://127.0.0.1:%s"\n\n[host."http://127.0.0.1:%s"]\n  capabilities = ["pull", "resolve"]\n' \
@@ -476,9 +544,9 @@ EOF
     --config="$rn/kubelet.yaml" --kubeconfig="$rn/kubelet.kubeconfig" --root-dir="$rn/kubelet" \
     --hostname-override="$node" --node-ip="$node_ip" --cloud-provider=external \
     --node-labels="scaledown.test/node=real" --v=2
-  wait_for 60 "node $node registered" node_registered
+  wait_for 60 kubelet "node $node registered" node_registered
   initialize_node
-  wait_for 90 "node $node Ready" node_ready
+  wait_for 90 kubelet "node $node Ready" node_ready
   trap - EXIT INT TERM
   echo "[timing] real-node kubelet start -> Ready: $((SECONDS - tk)) s"
   echo "[timing] real-node up: $((SECONDS - t0)) s"
@@ -529,8 +597,8 @@ teardown() {
   local n
   for n in relay-api-service relay-kubelet-host relay-kubelet-ns relay-api-ns relay-api-host; do stop "$n" 3; done
   # Shims, containers and anything else still in the namespaces or the kubepods cgroups.
-  local left round
-  for round in 1 2 3; do
+  local left _
+  for _ in 1 2 3; do
     ((others == 0)) || break
     left=$(node_processes | grep -vx "$(pid_of holder 2>/dev/null || echo none)" || true)
     [[ -n "$left" ]] || break
@@ -543,9 +611,9 @@ teardown() {
   # Mounts on the host under the state dir (none are expected: the node's mounts live in its own
   # mount namespace), innermost first.
   local m
-  for m in $(awk -v p="$rn/" 'index($5, p) == 1 {print $5}' /proc/self/mountinfo | sort -r); do
+  while read -r m; do
     umount "$m" 2>/dev/null || umount -l "$m" || true
-  done
+  done < <(awk -v p="$rn/" 'index($5, p) == 1 {print $5}' /proc/self/mountinfo | sort -r)
   # The kubelet's cgroups in every v1 hierarchy, deepest first.
   local c
   for c in /sys/fs/cgroup/*/kubepods; do
@@ -607,7 +675,7 @@ cmd_push_image() {
   path=${path%:*}
   [[ "$tag" != "$ref" ]] || die "REF must end in :TAG (got $ref)"
   [[ -s "$layout/index.json" ]] || die "no OCI layout at $layout (make image builds target/image/oci)"
-  alive holder && registry_ok || die "the real node is not up (hack/real-node.sh up)"
+  if ! { alive holder && registry_ok; }; then die "the real node is not up (hack/real-node.sh up)"; fi
   crane=$("$here/build-tools.sh" crane | tail -n 1) || die "hack/build-tools.sh crane failed"
   # crane push takes a layout of one image: pick REF's tag out of the index.
   local one

@@ -92,7 +92,8 @@ pub struct Args {
     #[arg(long)]
     pub pod_bound_claims: bool,
 
-    /// A claim whose pod is gone before it was bound is deleted once it is this old.
+    /// A claim whose pod is gone before it was bound is deleted once it has waited this long for
+    /// that pod (from the first time the controller saw it wait).
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     pub pod_bound_grace: Duration,
 

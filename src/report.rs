@@ -5,9 +5,13 @@
 //! Every outcome has a key that tells its occurrences apart (an ordinal, a claim's UID, the API's
 //! answer). The key is the Event's `action`: kube's recorder folds Events of one object, reason and
 //! action into one series, so distinct occurrences stay distinct series. An outcome whose object,
-//! reason and key this process reported already is not reported again.
+//! reason and key this process reported already is not reported again, as long as it is among the
+//! [`MEMORY`] most recently reported ones ([`Recent`]: the least recently reported is forgotten
+//! first, so a full memory never repeats what was just reported).
 
-use std::collections::HashSet;
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -19,7 +23,8 @@ use crate::metrics::Metrics;
 use crate::pass::Controller;
 use crate::reason::{Kind, Reason};
 
-/// How many reported (object, reason, key) we remember before starting over.
+/// How many reported (object, reason, key) are remembered; beyond, the least recently reported
+/// is forgotten.
 const MEMORY: usize = 10_000;
 /// Longest Event note and action (the API's limits are 1 kB and 128 characters).
 const MAX_NOTE: usize = 1000;
@@ -67,8 +72,66 @@ pub struct Reporter {
     recorder: Recorder,
     metrics: Arc<Metrics>,
     dry_run: bool,
-    /// (object UID, reason, key) reported by this process.
-    reported: Mutex<HashSet<(String, Reason, String)>>,
+    /// (object UID, reason, key) reported by this process, the most recent ones.
+    reported: Mutex<Recent>,
+}
+
+/// What was reported, bounded: at most `capacity` entries, each the object's UID and a 64-bit hash
+/// of the reason and key (a key may be a whole note). A repeat counts as a new report, so an
+/// outcome reported on every pass stays remembered; when full, the least recently reported entry
+/// is forgotten.
+struct Recent {
+    capacity: usize,
+    /// Entry → when it was last reported (a counter).
+    last: HashMap<(String, u64), u64>,
+    /// The same entries by when they were last reported, oldest first.
+    order: BTreeMap<u64, (String, u64)>,
+    clock: u64,
+}
+
+impl Recent {
+    fn new(capacity: usize) -> Self {
+        Recent {
+            capacity: capacity.max(1),
+            last: HashMap::new(),
+            order: BTreeMap::new(),
+            clock: 0,
+        }
+    }
+
+    /// Whether `(uid, reason, key)` is not among the remembered ones; it is the most recent now.
+    fn first(&mut self, uid: &str, reason: Reason, key: &str) -> bool {
+        let mut hasher = DefaultHasher::new();
+        (reason.as_str(), key).hash(&mut hasher);
+        let entry = (uid.to_string(), hasher.finish());
+        self.clock += 1;
+        let new = match self.last.insert(entry.clone(), self.clock) {
+            Some(before) => {
+                self.order.remove(&before);
+                false
+            }
+            None => true,
+        };
+        self.order.insert(self.clock, entry);
+        while self.last.len() > self.capacity {
+            let Some((_, oldest)) = self.order.pop_first() else {
+                break;
+            };
+            self.last.remove(&oldest);
+        }
+        new
+    }
+
+    /// Forgets every entry of the object with `uid`.
+    fn forget(&mut self, uid: &str) {
+        self.last.retain(|(of, _), _| of != uid);
+        self.order.retain(|_, (of, _)| of != uid);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.last.len()
+    }
 }
 
 impl Reporter {
@@ -84,7 +147,7 @@ impl Reporter {
             recorder: Recorder::new(client, identity),
             metrics,
             dry_run,
-            reported: Mutex::new(HashSet::new()),
+            reported: Mutex::new(Recent::new(MEMORY)),
         }
     }
 
@@ -132,16 +195,13 @@ impl Reporter {
     /// Forgets what was reported about the object with `uid` (it was deleted).
     pub fn forget(&self, uid: &str) {
         let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
-        reported.retain(|(of, _, _)| of != uid);
+        reported.forget(uid);
     }
 
     fn first(&self, outcome: &Outcome) -> bool {
-        let uid = outcome.regarding.uid.clone().unwrap_or_default();
+        let uid = outcome.regarding.uid.as_deref().unwrap_or_default();
         let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
-        if reported.len() >= MEMORY {
-            reported.clear();
-        }
-        reported.insert((uid, outcome.reason, outcome.key.clone()))
+        reported.first(uid, outcome.reason, &outcome.key)
     }
 
     fn log(&self, outcome: &Outcome) {
@@ -242,6 +302,44 @@ mod tests {
         let posted = &log.all()[0].body;
         assert_eq!(posted["action"], "names no pod", "the key is the action");
         assert_eq!(posted["regarding"]["uid"], "u1");
+    }
+
+    /// A full memory forgets the least recently reported outcome only: what was just reported (or
+    /// repeated) is not reported again, and the memory never grows past its bound. (It was cleared
+    /// when full, and then every outcome was reported again.)
+    #[tokio::test]
+    async fn a_full_memory_forgets_the_oldest_and_never_repeats_a_recent_event() {
+        let (mut reporter, metrics, _) = reporter(false);
+        reporter.reported = Mutex::new(Recent::new(3));
+        let note = |n: usize| {
+            let key = format!("note {n}");
+            Outcome::new(Reason::ClaimInUse, claim("u1"), key.clone()).key(key)
+        };
+        // Each report is counted once with its Event (the recorder may fold a repeat into a series).
+        let reported = || count(&metrics, Reason::ClaimInUse);
+        for n in 0..3 {
+            reporter.report(note(n)).await;
+        }
+        // Repeated: now the most recent, so "note 1" is the oldest.
+        reporter.report(note(0)).await;
+        reporter.report(note(3)).await; // full: forgets "note 1"
+        assert_eq!(reported(), "4");
+        for n in [3, 0, 2] {
+            reporter.report(note(n)).await;
+        }
+        assert_eq!(reported(), "4", "a recent one was reported again");
+        reporter.report(note(1)).await;
+        assert_eq!(reported(), "5", "the forgotten one is new again");
+
+        let mut recent = Recent::new(100);
+        for n in 0..10_000 {
+            recent.first(&format!("uid-{n}"), Reason::ClaimInUse, &"x".repeat(2_000));
+            assert!(recent.len() <= 100 && recent.order.len() <= 100);
+        }
+        assert!(!recent.first("uid-9999", Reason::ClaimInUse, &"x".repeat(2_000)));
+        assert!(recent.first("uid-0", Reason::ClaimInUse, &"x".repeat(2_000)));
+        recent.forget("uid-0");
+        assert_eq!((recent.len(), recent.order.len()), (99, 99));
     }
 
     #[tokio::test]

@@ -18,6 +18,7 @@ use support::recorder::{Recorder, Seen};
 use support::{Cluster, Reclaim, TestNamespace, from_json, wait_for_gone, wait_for_pod_phase};
 
 const BOUND: &str = "statefulsets.kubernetes.io/bound-to-pod";
+const WAITING: &str = "statefulsets.kubernetes.io/bound-to-pod-waiting-since";
 
 async fn create_claim(
     ns: &TestNamespace,
@@ -131,6 +132,61 @@ async fn a_claim_whose_pod_never_showed_goes_after_the_grace() {
     assert!(
         waited >= 3.0,
         "deleted {waited} s after creation, before the 4 s grace"
+    );
+}
+
+/// An old claim (older than the grace, not opted in) annotated now for a pod that does not exist
+/// (yet, or a typo): the grace counts from when the controller first saw it wait for that pod, which
+/// it records on the claim, not from the claim's creation. No deletion mark within the grace after
+/// the annotation (over every change the watch saw), then, the pod never showing, deleted. (The
+/// claim was deleted at once: it was older than the grace.)
+#[tokio::test(flavor = "multi_thread")]
+async fn an_old_claim_annotated_later_waits_the_whole_grace_from_then() {
+    let cluster = Cluster::connect().await;
+    let ns = cluster.namespace("podbound-late").await;
+    let class = ns.create_static_pvs("pv", 1, Reclaim::Retain).await.class;
+    let claims: Api<PersistentVolumeClaim> = ns.api();
+    let recorded = Recorder::start(claims.clone(), kube::runtime::watcher::Config::default()).await;
+    let plain: PersistentVolumeClaim = from_json(json!({
+        "metadata": {"name": "late"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class,
+                 "resources": {"requests": {"storage": "1Gi"}}}
+    }));
+    claims
+        .create(&PostParams::default(), &plain)
+        .await
+        .expect("create claim");
+    let _controller = start(&cluster, &ns, "5s").await;
+    // Older than the grace before it opts in.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let mark = recorded.mark();
+    let annotate = json!({"metadata": {"annotations": {BOUND: "ghost"}}});
+    claims
+        .patch("late", &PatchParams::default(), &Patch::Merge(&annotate))
+        .await
+        .expect("annotate the claim");
+    let annotated = recorded
+        .wait_for_since(mark, "the claim annotated", LONG, |s| {
+            s.name == "late" && s.annotations.contains_key(BOUND)
+        })
+        .await;
+    let deleted = recorded
+        .wait_for_since(mark, "the claim marked for deletion", LONG, |s| {
+            s.name == "late" && s.deleting
+        })
+        .await;
+    let waited = (deleted.at - annotated.at).as_secs_f64();
+    assert!(
+        waited >= 3.5,
+        "marked for deletion {waited} s after the annotation, within the 5 s grace"
+    );
+    let record = recorded
+        .since(mark)
+        .iter()
+        .find_map(|s| s.annotations.get(WAITING).cloned());
+    assert!(
+        record.as_deref().is_some_and(|r| r.starts_with("ghost@")),
+        "the wait recorded on the claim: {record:?}"
     );
 }
 

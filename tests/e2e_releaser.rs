@@ -8,7 +8,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams};
 use support::fixtures::*;
@@ -474,6 +474,115 @@ async fn a_scrub_that_cannot_run_is_reported_once_and_runs_once_fixed() {
     // Fixed: the class change wakes the PV, and it is scrubbed, then released.
     set_scrub_template(&cluster, &pool.class, &scrub_template("Succeeded")).await;
     assert_scrubbed_then_released(&cluster, &pvs, &pv).await;
+}
+
+/// A claim named like the temporary claim (`scrub-<pv>`, in the scrub namespace, volumeName set to
+/// the PV) that someone else created before the scrub: the PV is never handed to it (its claimRef
+/// never names that claim, watched over the whole test), one Warning `ScrubBlocked` names it, and
+/// the PV is backed off; once that claim is gone, the PV is scrubbed and released. (The releaser
+/// adopted it on the 409 of its create and bound the Released PV, with its data, to it.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_foreign_claim_named_like_the_temporary_claim_never_gets_the_pv() {
+    let cluster = Cluster::connect().await;
+    let ns = cluster.namespace("foreign").await;
+    let pool = ns.create_static_pvs("taken", 1, Reclaim::Retain).await;
+    let id = ns.name.clone();
+    annotate_class(&cluster, &pool.class, &id).await;
+    set_scrub_template(&cluster, &pool.class, &scrub_template("Succeeded")).await;
+    let pv = pool.names[0].clone();
+    let pvs = Recorder::start(
+        Api::<PersistentVolume>::all(cluster.client.clone()),
+        kube::runtime::watcher::Config::default(),
+    )
+    .await;
+    let events = record_pv_events(&cluster).await;
+    // The PV is bound first: a claim naming it by volumeName would take it while it is Available.
+    bind(&ns, "cache", &pv, &pool.class).await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client.clone(), &ns.name);
+    let temp = format!("scrub-{pv}");
+    let foreign_uid = create_foreign_claim(&claims, &temp, &pv, &pool.class).await;
+    let args = [
+        "--disable-scaledown",
+        "--pv-releaser-id",
+        &id,
+        "--pv-scrub-namespace",
+        &ns.name,
+        "--metrics-bind-address=0",
+        "--health-probe-bind-address=0",
+    ];
+    let _controller = Controller::spawn(&cluster.kubeconfig, &format!("{id}-foreign"), &args, &[]);
+    delete_claim(&ns, "cache").await;
+
+    let warning = events.wait_event(&pv, "ScrubBlocked", LONG).await;
+    assert_eq!(warning.type_.as_deref(), Some("Warning"));
+    let note = warning.note.clone().unwrap_or_default();
+    assert!(
+        note.contains(&format!("claim {}/{temp} (uid {foreign_uid})", ns.name)),
+        "{note}"
+    );
+    // A window of passes (the backoff retries within it), then the verdict over every state seen.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let claim_ref = |s: &support::recorder::Seen<PersistentVolume>| {
+        let r = s.object.spec.as_ref().and_then(|sp| sp.claim_ref.clone());
+        r.map(|r| (r.name.unwrap_or_default(), r.uid.unwrap_or_default()))
+    };
+    // In the window only the foreign claim has the temporary claim's name.
+    let names_foreign = |s: &support::recorder::Seen<PersistentVolume>| {
+        claim_ref(s).is_some_and(|(name, uid)| name == temp || uid == foreign_uid)
+    };
+    let seen = pvs.of(&pv);
+    assert!(!seen.is_empty());
+    assert!(
+        !seen.iter().any(names_foreign),
+        "the PV was handed to the foreign claim"
+    );
+    let now = claims.get(&temp).await.expect("the foreign claim");
+    assert_eq!(
+        now.status.and_then(|s| s.phase).as_deref(),
+        Some("Pending"),
+        "the foreign claim never bound"
+    );
+    assert_eq!(
+        events.events(&pv, "ScrubBlocked").len(),
+        1,
+        "{}",
+        events.describe()
+    );
+
+    // The foreign claim gone, the backed-off PV is scrubbed by a claim of the releaser's own.
+    claims
+        .delete(&temp, &kube::api::DeleteParams::default())
+        .await
+        .expect("delete the foreign claim");
+    support::wait_for_gone(&claims, &temp, LONG).await;
+    assert_scrubbed_then_released(&cluster, &pvs, &pv).await;
+    let handed = pvs
+        .of(&pv)
+        .iter()
+        .any(|s| claim_ref(s).is_some_and(|(_, uid)| uid == foreign_uid));
+    assert!(!handed, "the PV was handed to the foreign claim");
+}
+
+/// Creates claim `name` as someone else would: named, labelled and annotated like the temporary
+/// claim of `pv`, which it names by volumeName. Returns its UID.
+async fn create_foreign_claim(
+    claims: &Api<PersistentVolumeClaim>,
+    name: &str,
+    pv: &str,
+    class: &str,
+) -> String {
+    let foreign: PersistentVolumeClaim = support::from_json(serde_json::json!({
+        "metadata": {"name": name,
+                     "labels": {"reclaimable-pv-releaser.kubernetes.io/scrub-pv": "true"},
+                     "annotations": {"reclaimable-pv-releaser.kubernetes.io/scrub-pv": pv}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class,
+                 "volumeName": pv, "resources": {"requests": {"storage": "1Gi"}}}
+    }));
+    let foreign = claims
+        .create(&kube::api::PostParams::default(), &foreign)
+        .await
+        .expect("create the foreign claim");
+    foreign.metadata.uid.expect("uid")
 }
 
 /// A change of StorageClass `class` that means nothing (an annotation of the test's own).

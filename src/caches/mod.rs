@@ -376,11 +376,12 @@ fn inherits_scheduling(set: &StatefulSet, inherit_scheduling: bool) -> bool {
 }
 
 /// Prunes a claim's metadata to what is read: the scale-down controller's next-attempt annotation
-/// and pod-bound's opt-in annotation are the only annotations kept.
+/// and pod-bound's opt-in annotation and record of a wait are the only annotations kept.
 pub fn prune_claim(claim: &mut Claim) {
     let keep = [
         naming::NEXT_ATTEMPT_ANNOTATION,
         crate::podbound::observe::BOUND_TO_POD_ANNOTATION,
+        crate::podbound::observe::WAITING_SINCE_ANNOTATION,
     ];
     prune_meta(claim, &keep);
 }

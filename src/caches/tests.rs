@@ -63,14 +63,16 @@ fn the_claim_index_shares_the_stores_objects() {
 #[test]
 fn a_pruned_claim_keeps_our_annotations_only() {
     let bound = crate::podbound::observe::BOUND_TO_POD_ANNOTATION;
+    let waiting = crate::podbound::observe::WAITING_SINCE_ANNOTATION;
     let mut c = claim(
         "cache",
-        serde_json::json!({bound: "runner", naming::NEXT_ATTEMPT_ANNOTATION: "2", LAST_APPLIED: "{}"}),
+        serde_json::json!({bound: "runner", waiting: "runner@2026-11-24T12:00:00Z",
+                           naming::NEXT_ATTEMPT_ANNOTATION: "2", LAST_APPLIED: "{}"}),
     );
     prune_claim(&mut c);
     let mut kept: Vec<&String> = c.annotations().keys().collect();
     kept.sort();
-    let mut want = vec![bound, naming::NEXT_ATTEMPT_ANNOTATION];
+    let mut want = vec![bound, waiting, naming::NEXT_ATTEMPT_ANNOTATION];
     want.sort();
     assert_eq!(kept, want);
     assert!(c.metadata.managed_fields.is_none());
@@ -200,7 +202,7 @@ fn cache_and_live_reads_give_the_same_cleanup_pod() {
                     uid: "c1".into(),
                     deleting: false,
                     next_attempt: None,
-                    wanted_by_other: None,
+                    not_ours: None,
                     used_by: Vec::new(),
                 };
                 let o = Observed {
@@ -209,7 +211,7 @@ fn cache_and_live_reads_give_the_same_cleanup_pod() {
                         1,
                         OrdinalFacts {
                             claims: vec![claim],
-                            pod: None,
+                            ..OrdinalFacts::default()
                         },
                     )]
                     .into(),

@@ -140,6 +140,12 @@ async fn pass(by: Duration) {
     }
 }
 
+/// Lets `secs` seconds pass (see [`pass`]), then asserts whether `leadership` may write.
+async fn after(secs: u64, leadership: &Leadership, may_write: bool, why: &str) {
+    pass(Duration::from_secs(secs)).await;
+    assert_eq!(leadership.may_write(), may_write, "{why}");
+}
+
 /// A Lease read that takes 3 s (longer than the retry period, longer than the 2 s a read was once
 /// allowed) is waited for and the renewal retried: leadership is kept. Only once no renewal has
 /// succeeded for the renew deadline are writes refused, and then the election ends with
@@ -148,17 +154,13 @@ async fn pass(by: Duration) {
 async fn a_slow_lease_read_is_retried_until_the_renew_deadline() {
     let server = Shared::default();
     let (leadership, task, _stop, _log) = elect(&server);
-    pass(Duration::from_secs(3)).await;
-    assert!(leadership.may_write(), "leads after creating the Lease");
+    after(3, &leadership, true, "leads after creating the Lease").await;
     assert_eq!(lock(&server).holder().as_deref(), Some(ME));
 
     lock(&server).read_delay = Duration::from_secs(3);
     for second in 0..40 {
-        pass(Duration::from_secs(1)).await;
-        assert!(
-            leadership.may_write(),
-            "slow reads, {second} s in: still leading"
-        );
+        let why = format!("slow reads, {second} s in: still leading");
+        after(1, &leadership, true, &why).await;
         assert!(
             !task.is_finished(),
             "slow reads, {second} s in: still running"
@@ -168,16 +170,15 @@ async fn a_slow_lease_read_is_retried_until_the_renew_deadline() {
     // The API server stops answering reads: the last renewal was sent at most 5 s ago (3 s read,
     // then the patch), so writes go on for at least 5 s more, and stop within the deadline.
     lock(&server).read_delay = Duration::from_secs(3600);
-    pass(Duration::from_secs(4)).await;
-    assert!(
-        leadership.may_write(),
-        "within the deadline of the last renewal"
-    );
-    pass(Duration::from_secs(7)).await;
-    assert!(
-        !leadership.may_write(),
-        "the renew deadline passed without a renewal"
-    );
+    after(
+        4,
+        &leadership,
+        true,
+        "within the deadline of the last renewal",
+    )
+    .await;
+    let why = "the renew deadline passed without a renewal";
+    after(7, &leadership, false, why).await;
     pass(Duration::from_secs(1)).await;
     assert!(task.is_finished(), "the election has ended");
     let ended = task.await.expect("the election task");
@@ -201,13 +202,9 @@ async fn a_takeover_carries_the_resource_version_it_read() {
     lock(&server).take_over("gone");
     let read_at = lock(&server).resource_version.to_string();
     let (leadership, task, stop, log) = elect(&server);
-    pass(Duration::from_secs(10)).await;
-    assert!(
-        !leadership.may_write(),
-        "the other term is not over (by our clock)"
-    );
-    pass(Duration::from_secs(8)).await;
-    assert!(leadership.may_write(), "the expired Lease is ours");
+    let why = "the other term is not over (by our clock)";
+    after(10, &leadership, false, why).await;
+    after(8, &leadership, true, "the expired Lease is ours").await;
     let taken = takeovers(&log);
     assert_eq!(taken.len(), 1, "{:?}", log.lines());
     assert_eq!(
@@ -238,8 +235,8 @@ async fn of_two_candidates_taking_over_only_one_wins() {
     lock(&server).rival_first = true;
     let (leadership, _task, _stop, log) = elect(&server);
     for second in 0..28 {
-        pass(Duration::from_secs(1)).await;
-        assert!(!leadership.may_write(), "{second} s in: the rival won");
+        let why = format!("{second} s in: the rival won");
+        after(1, &leadership, false, &why).await;
         assert_ne!(lock(&server).holder().as_deref(), Some(ME), "{second} s in");
     }
     assert_eq!(lock(&server).holder().as_deref(), Some("rival"));

@@ -8,10 +8,10 @@ use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
 use kube::Client;
 use kube::api::{Api, DeleteParams, PatchParams, Preconditions};
 use serde_json::json;
-use tracing::debug;
+use tracing::{debug, info};
 
 use super::decide::names;
-use super::observe::{ClaimFacts, PodRef};
+use super::observe::{ClaimFacts, PodRef, WAITING_SINCE_ANNOTATION, Waiting};
 use crate::apijson;
 use crate::error::{Error, Result, code, is_status};
 use crate::leader::Leadership;
@@ -52,18 +52,11 @@ impl Binder {
         if !self.may_write(claim, &what).await? {
             return Ok(());
         }
-        let patch = owner_patch(claim, pods).map_err(|source| Error::Encode {
-            what: "owner patch",
-            source,
-        })?;
-        let request = apijson::patch_request::<PersistentVolumeClaim>(
-            Some(&claim.namespace),
-            &claim.name,
-            &patch,
-            &PatchParams::default(),
-        )?;
-        match self.client.request::<PersistentVolumeClaim>(request).await {
-            Ok(_) => {
+        match self
+            .patch(claim, owner_patch(claim, pods), "owner patch")
+            .await?
+        {
+            Ok(()) => {
                 let uids: Vec<String> = pods
                     .iter()
                     .map(|p| format!("{} (uid {})", p.name, p.uid))
@@ -82,6 +75,52 @@ impl Binder {
                 Ok(())
             }
             Err(e) => Err(Error::kube("bind claim to pod", &claim.name)(e)),
+        }
+    }
+
+    /// Sends one JSON patch (its test ops guard the claim) to the claim, Go-encoded. The outer
+    /// error is an encoding failure; the inner one the API server's answer.
+    async fn patch(
+        &self,
+        claim: &ClaimFacts,
+        patch: std::result::Result<json_patch::Patch, serde_json::Error>,
+        what: &'static str,
+    ) -> Result<std::result::Result<(), kube::Error>> {
+        let patch = patch.map_err(|source| Error::Encode { what, source })?;
+        let request = apijson::patch_request::<PersistentVolumeClaim>(
+            Some(&claim.namespace),
+            &claim.name,
+            &patch,
+            &PatchParams::default(),
+        )?;
+        Ok(self
+            .client
+            .request::<PersistentVolumeClaim>(request)
+            .await
+            .map(|_| ()))
+    }
+
+    /// Records on the claim since when it waits for its pod (`waiting`), by one JSON patch that
+    /// tests the claim's UID and resourceVersion: the grace before its deletion starts then.
+    pub async fn record(&self, claim: &ClaimFacts, waiting: &Waiting) -> Result<()> {
+        let pod = &waiting.pod;
+        let what = format!("record that claim {} waits for pod {pod}", claim.name);
+        if !self.may_write(claim, &what).await? {
+            return Ok(());
+        }
+        match self
+            .patch(claim, waiting_patch(claim, waiting), "waiting patch")
+            .await?
+        {
+            Ok(()) => {
+                info!(namespace = %claim.namespace, claim = %claim.name, %pod, since = %waiting.since, "claim waits for its pod; the grace starts");
+                Ok(())
+            }
+            Err(e) if is_status(&e, &[code::CONFLICT, code::INVALID, code::NOT_FOUND]) => {
+                debug!(claim = %claim.name, "claim changed before the record; next pass");
+                Ok(())
+            }
+            Err(e) => Err(Error::kube("record waiting claim", &claim.name)(e)),
         }
     }
 
@@ -134,6 +173,22 @@ fn claim_ref(claim: &ClaimFacts) -> ObjectReference {
         uid: Some(claim.uid.clone()),
         ..Default::default()
     }
+}
+
+/// The JSON patch that records `waiting` on the claim, on the state it was decided on.
+pub fn waiting_patch(
+    claim: &ClaimFacts,
+    waiting: &Waiting,
+) -> std::result::Result<json_patch::Patch, serde_json::Error> {
+    let key = WAITING_SINCE_ANNOTATION
+        .replace('~', "~0")
+        .replace('/', "~1");
+    serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/uid", "value": claim.uid},
+        {"op": "test", "path": "/metadata/resourceVersion", "value": claim.resource_version},
+        // An opted-in claim has annotations (the binding); `add` replaces an older record.
+        {"op": "add", "path": format!("/metadata/annotations/{key}"), "value": waiting.format()},
+    ]))
 }
 
 pub fn owner_patch(

@@ -6,14 +6,16 @@
 //! the claim and has not finished; while the claim is bound, each pod that starts to mount it is
 //! added too. So a claim another live pod mounts is never marked for deletion: that pod is one of
 //! its owners. A claim whose pod is gone before it was attached (the pod never seen, or the
-//! controller was down for its whole life) is deleted once the claim is older than the grace
-//! period and no pod mounts it.
+//! controller was down for its whole life) is deleted once the grace period is over and no pod
+//! mounts it. The grace counts from the first time the controller saw the claim wait for that pod,
+//! which it records on the claim ([`Plan::Record`]), not from the claim's creation: an old claim
+//! annotated now for a pod still to come (or a typo) has the whole grace.
 
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::observe::{ClaimFacts, Fresh, NamedPod, PodRead, PodRef};
+use super::observe::{ClaimFacts, Fresh, NamedPod, PodRead, PodRef, Waiting};
 use crate::reason::Reason;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,6 +29,9 @@ pub enum Plan {
     /// Delete the claim (UID and resourceVersion preconditions): its pod is gone, it was never
     /// attached and no pod mounts it.
     Delete,
+    /// Record on the claim that it waits for its pod since this time (the grace starts), in one
+    /// JSON patch that tests the claim's UID and resourceVersion.
+    Record(Waiting),
     /// Look again after this long (the grace period is not over).
     Wait(Duration),
     /// Refuse, with a Warning of this reason and note; nothing is written.
@@ -38,13 +43,15 @@ impl Plan {
     /// Deciding from the caches is enough to skip, wait or refuse. A binding is to the named pod's
     /// UID, which a cache that lags could hold for a pod since replaced: that pod, and the
     /// StatefulSets that could make the claim, are read live first. A deletion also needs a live
-    /// list of the namespace's pods: no pod of the name, and none that mounts the claim.
+    /// list of the namespace's pods: no pod of the name, and none that mounts the claim. Recording
+    /// when the wait began needs only the caches (a record made while the pod exists only starts a
+    /// grace that is never used).
     pub fn needs(&self) -> Option<Fresh> {
         match self {
             Plan::ReadPods => Some(Fresh::Cached),
             Plan::Attach(_) => Some(Fresh::Named),
             Plan::Delete => Some(Fresh::Namespace),
-            Plan::Skip | Plan::Wait(_) | Plan::Refuse(..) => None,
+            Plan::Skip | Plan::Record(_) | Plan::Wait(_) | Plan::Refuse(..) => None,
         }
     }
 }
@@ -113,16 +120,29 @@ pub fn decide(claim: &ClaimFacts, read: &PodRead, now: Timestamp, grace: Duratio
                 names(users)
             ),
         ),
-        None => {
-            let age = claim.created.map_or(Duration::MAX, |c| {
-                now.duration_since(c).try_into().unwrap_or(Duration::ZERO)
-            });
-            if age >= grace {
-                Plan::Delete
-            } else {
-                Plan::Wait(grace - age)
-            }
-        }
+        None => waited(claim, pod, now, grace),
+    }
+}
+
+/// A claim whose pod `pod` is not there and that no pod mounts: deleted once it has waited for
+/// that pod for the grace, counted from the recorded start of the wait (a start in the future, a
+/// clock set back, counts as now). Without a record of a wait for that pod (none, unreadable, or
+/// for another pod name), the wait starts now and is recorded.
+fn waited(claim: &ClaimFacts, pod: &str, now: Timestamp, grace: Duration) -> Plan {
+    let Some(waiting) = claim.waiting.as_ref().filter(|w| w.pod == pod) else {
+        return Plan::Record(Waiting {
+            pod: pod.to_string(),
+            since: now,
+        });
+    };
+    let age: Duration = now
+        .duration_since(waiting.since)
+        .try_into()
+        .unwrap_or(Duration::ZERO);
+    if age >= grace {
+        Plan::Delete
+    } else {
+        Plan::Wait(grace - age)
     }
 }
 

@@ -13,6 +13,34 @@ use crate::caches::makes_claim;
 
 /// Claim annotation naming the pod (same namespace) whose life the claim shares.
 pub const BOUND_TO_POD_ANNOTATION: &str = "statefulsets.kubernetes.io/bound-to-pod";
+/// Claim annotation written by the controller: `<pod>@<RFC 3339 time>`, when it first saw the
+/// claim wait for that pod (named by [`BOUND_TO_POD_ANNOTATION`], not there). The grace of a claim
+/// whose pod never shows counts from this time, not from the claim's creation.
+pub const WAITING_SINCE_ANNOTATION: &str = "statefulsets.kubernetes.io/bound-to-pod-waiting-since";
+
+/// When the controller first saw a claim wait for pod `pod` ([`WAITING_SINCE_ANNOTATION`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waiting {
+    pub pod: String,
+    pub since: Timestamp,
+}
+
+impl Waiting {
+    /// `<pod>@<time>`; `None` for anything else (a pod name has no `@`).
+    pub fn parse(raw: &str) -> Option<Waiting> {
+        let (pod, since) = raw.trim().rsplit_once('@')?;
+        Some(Waiting {
+            pod: pod.to_string(),
+            since: since.parse().ok()?,
+        })
+    }
+
+    /// `<pod>@<time>`, the time to the second.
+    pub fn format(&self) -> String {
+        let since = Timestamp::from_second(self.since.as_second()).unwrap_or(self.since);
+        format!("{}@{since}", self.pod)
+    }
+}
 
 /// Facts about one claim.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,7 +51,8 @@ pub struct ClaimFacts {
     pub resource_version: String,
     /// The pod named by the annotation (`None`: not opted in; empty: opted in without a name).
     pub pod: Option<String>,
-    pub created: Option<Timestamp>,
+    /// When the controller first saw the claim wait for a pod of this name, as it recorded it.
+    pub waiting: Option<Waiting>,
     pub deleting: bool,
     /// Its ownerReferences as (kind, name, uid).
     pub owners: Vec<(String, String, String)>,
@@ -83,7 +112,10 @@ pub fn observe(claim: &PartialObjectMeta<PersistentVolumeClaim>) -> ClaimFacts {
             .annotations()
             .get(BOUND_TO_POD_ANNOTATION)
             .map(|p| p.trim().to_string()),
-        created: claim.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        waiting: claim
+            .annotations()
+            .get(WAITING_SINCE_ANNOTATION)
+            .and_then(|w| Waiting::parse(w)),
         deleting: claim.metadata.deletion_timestamp.is_some(),
         owners: claim
             .owner_references()

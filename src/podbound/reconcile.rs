@@ -92,6 +92,11 @@ impl Context {
                 self.binder.delete(&facts).await?;
                 Ok(Action::await_change())
             }
+            Plan::Record(waiting) => {
+                // The record's own change wakes the claim again; the poll is the fallback.
+                self.binder.record(&facts, &waiting).await?;
+                Ok(Action::requeue(WAIT_POLL))
+            }
             Plan::Wait(left) => Ok(Action::requeue(left.min(WAIT_POLL))),
             Plan::Refuse(reason, note) => {
                 // Reported once per claim and note (the reporter remembers it, until the claim goes).

@@ -4,16 +4,17 @@
 //! a patch that tests the state it moves from; deletions carry the object's UID as a precondition.
 //! A scrub that cannot run is reported (a Warning Event and a log line) once per PV and cause.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::Client;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, PatchParams, PostParams, Preconditions,
 };
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
-use super::decide::{Blocked, Plan};
+use super::decide::{Blocked, Existing, Plan, existing};
 use super::observe::{PvFacts, Scrub};
 use super::scrub;
 use crate::apijson;
@@ -28,6 +29,10 @@ pub struct Releaser {
     reporter: Arc<Reporter>,
     metrics: Arc<Metrics>,
     leadership: Arc<Leadership>,
+    /// PV name → UID of the temporary claim this process created for it and has not handed the
+    /// PV to yet (the hand-over failed): the only claim of that name it adopts. An entry goes with
+    /// the hand-over, or the claim's deletion.
+    created: Mutex<HashMap<String, String>>,
 }
 
 impl Releaser {
@@ -42,6 +47,7 @@ impl Releaser {
             reporter,
             metrics,
             leadership,
+            created: Mutex::new(HashMap::new()),
         }
     }
 
@@ -142,29 +148,74 @@ impl Releaser {
             return Ok(());
         }
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
-        let claim: PersistentVolumeClaim = serde_json::from_value(scrub::temp_claim(pv, ns))
-            .map_err(|source| Error::Encode {
-                what: "temporary claim",
-                source,
-            })?;
+        let temp_uid = self.temp_claim(pv, facts, &claims, ns).await?;
         let name = scrub::name(&facts.name);
-        let created = match claims.create(&PostParams::default(), &claim).await {
-            Ok(c) => c,
-            Err(e) if is_status(&e, &[code::CONFLICT]) => claims
-                .get(&name)
-                .await
-                .map_err(Error::kube("get temporary claim", &name))?,
-            Err(e) => return Err(Error::kube("create temporary claim", &name)(e)),
-        };
-        let temp_uid = created.metadata.uid.unwrap_or_default();
         let ops = scrub::hand_over(pv, old_uid, ns, &temp_uid);
-        if !self.json_patch(facts, ops, "hand-over patch").await? {
+        let handed = self.json_patch(facts, ops, "hand-over patch").await?;
+        self.created_claims().remove(&facts.name);
+        if !handed {
             // The PV changed meanwhile: it is not ours to scrub; the claim goes again.
             delete_claim(&claims, &name, &temp_uid).await?;
             return Ok(());
         }
         info!(pv = %facts.name, claim = %name, namespace = ns, "PV handed to its scrub");
         Ok(())
+    }
+
+    /// The UID of the temporary claim of `facts`' PV: created now, or the one this process
+    /// created before and could not hand the PV to. Any other claim of that name is left alone:
+    /// a Warning (once per PV and claim) and an error (409), so the PV is backed off.
+    async fn temp_claim(
+        &self,
+        pv: &PersistentVolume,
+        facts: &PvFacts,
+        claims: &Api<PersistentVolumeClaim>,
+        ns: &str,
+    ) -> Result<String> {
+        let claim: PersistentVolumeClaim = serde_json::from_value(scrub::temp_claim(pv, ns))
+            .map_err(|source| Error::Encode {
+                what: "temporary claim",
+                source,
+            })?;
+        let name = scrub::name(&facts.name);
+        let taken = match claims.create(&PostParams::default(), &claim).await {
+            Ok(c) => {
+                let uid = c.metadata.uid.unwrap_or_default();
+                self.created_claims()
+                    .insert(facts.name.clone(), uid.clone());
+                return Ok(uid);
+            }
+            Err(e) if is_status(&e, &[code::CONFLICT]) => e,
+            Err(e) => return Err(Error::kube("create temporary claim", &name)(e)),
+        };
+        let found = claims
+            .get_metadata(&name)
+            .await
+            .map_err(Error::kube("get temporary claim", &name))?;
+        let uid = found.metadata.uid.unwrap_or_default();
+        let deleting = found.metadata.deletion_timestamp.is_some();
+        let created = self.created_claims().get(&facts.name).cloned();
+        match existing(&uid, deleting, created.as_deref()) {
+            Existing::Adopt(uid) => Ok(uid),
+            Existing::Deleting => {
+                debug!(pv = %facts.name, claim = %name, "a former temporary claim is being deleted; later");
+                Err(Error::kube("create temporary claim", &name)(taken))
+            }
+            Existing::Foreign(uid) => {
+                warn!(pv = %facts.name, namespace = ns, claim = %name, %uid, "a claim this releaser did not create has the temporary claim's name; the PV is left alone");
+                let cause = Blocked::ClaimTaken {
+                    namespace: ns.to_string(),
+                    name: name.clone(),
+                    uid,
+                };
+                self.report_blocked(facts, cause).await?;
+                Err(Error::kube("create temporary claim", &name)(taken))
+            }
+        }
+    }
+
+    fn created_claims(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.created.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Creates the scrub pod `pod` in `ns`; a pod the API server refuses fails the scrub.

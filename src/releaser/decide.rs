@@ -60,6 +60,13 @@ pub enum Blocked {
     InvalidTemplate(String),
     /// No scrub namespace is known (`--pv-scrub-namespace`, or the controller's own namespace).
     NoNamespace,
+    /// A claim of the temporary claim's name exists that this releaser did not create (or created
+    /// in an earlier process, and never recorded on the PV): the PV is not handed to it.
+    ClaimTaken {
+        namespace: String,
+        name: String,
+        uid: String,
+    },
 }
 
 impl std::fmt::Display for Blocked {
@@ -69,7 +76,41 @@ impl std::fmt::Display for Blocked {
             Blocked::NoNamespace => {
                 f.write_str("no scrub namespace is known (--pv-scrub-namespace, or POD_NAMESPACE)")
             }
+            Blocked::ClaimTaken {
+                namespace,
+                name,
+                uid,
+            } => write!(
+                f,
+                "claim {namespace}/{name} (uid {uid}) exists and was not created by this releaser for it, so the PV is not handed to it"
+            ),
         }
+    }
+}
+
+/// What to make of a claim that already has the temporary claim's name (its create was answered
+/// 409).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Existing {
+    /// The claim this process created for the PV (its UID is the one recorded at the create) and
+    /// has not handed the PV to yet: the scrub goes on with it.
+    Adopt(String),
+    /// A claim being deleted (a former scrub's): try again once it is gone.
+    Deleting,
+    /// Anyone else's: never handed the PV.
+    Foreign(String),
+}
+
+/// Whether the existing claim with `uid` (being deleted: `deleting`) is the one this process
+/// created for the PV (`created`: the UID it recorded at the create, if any). Only a UID match
+/// adopts it; names, labels and annotations can be set by anyone who may create claims there.
+pub fn existing(uid: &str, deleting: bool, created: Option<&str>) -> Existing {
+    if deleting {
+        Existing::Deleting
+    } else if !uid.is_empty() && created == Some(uid) {
+        Existing::Adopt(uid.to_string())
+    } else {
+        Existing::Foreign(uid.to_string())
     }
 }
 

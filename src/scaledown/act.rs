@@ -58,6 +58,40 @@ pub struct Done {
     /// The plan's status change rode in its finalizer patch: `Some(true)` written, `Some(false)`
     /// the patch raced a change (the next pass decides again); `None` no finalizer patch was sent.
     pub status: Option<bool>,
+    /// The objects this plan deleted (or found deleted already): the caches may still show them.
+    pub deleted: Vec<Gone>,
+}
+
+/// An object a delete of ours removed (or found gone), by kind, name and UID.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Gone {
+    pub kind: GoneKind,
+    pub name: String,
+    pub uid: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GoneKind {
+    Claim,
+    Pod,
+}
+
+impl Gone {
+    fn claim(name: &str, uid: &str) -> Gone {
+        Gone {
+            kind: GoneKind::Claim,
+            name: name.into(),
+            uid: uid.into(),
+        }
+    }
+
+    fn pod(name: &str, uid: &str) -> Gone {
+        Gone {
+            kind: GoneKind::Pod,
+            name: name.into(),
+            uid: uid.into(),
+        }
+    }
 }
 
 enum Deleted {
@@ -150,6 +184,7 @@ impl Actor {
                     )
                     .await;
                 }
+                done.deleted.push(Gone::pod(name, uid));
                 Ok(())
             }
             Step::CreateCleanupPod {
@@ -182,7 +217,11 @@ impl Actor {
                 Ok(())
             }
             Step::Release { name, uid } => self.release(ns, name, uid).await,
-            Step::DeleteClaim { name, uid } => self.delete_claim(set, name, uid).await,
+            Step::DeleteClaim { name, uid } => {
+                self.delete_claim(set, name, uid).await?;
+                done.deleted.push(Gone::claim(name, uid));
+                Ok(())
+            }
             Step::DeleteCleanupPod {
                 name,
                 uid,
@@ -190,7 +229,9 @@ impl Actor {
                 ran_for,
             } => {
                 self.delete_cleanup_pod(set, name, uid, *why, *ran_for)
-                    .await
+                    .await?;
+                done.deleted.push(Gone::pod(name, uid));
+                Ok(())
             }
             Step::MarkNextAttempt {
                 claim,

@@ -327,6 +327,11 @@ pub fn decide(o: &Observed, policy: &Policy) -> Plan {
         delete_stateful_pods(&o.set, &scan.stateful_pods, &mut plan);
     }
     release_finalizer(&view, &scan, &mut plan);
+    if o.set.deleting && plan.steps.iter().any(Step::destructive) {
+        // The propagation is inferred from the pods: only a live read of them (after the set)
+        // tells an orphan deletion from a background one (see `propagation`).
+        plan.confirm(Confirm::SetAndNamespace);
+    }
     match plan.confirm {
         Some(depth) if !covers(o.read, depth) => Plan {
             confirm: Some(depth),
@@ -336,6 +341,59 @@ pub fn decide(o: &Observed, policy: &Policy) -> Plan {
             confirm: None,
             ..plan
         },
+    }
+}
+
+/// How a set being deleted is being deleted, as far as the facts tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Propagation {
+    /// The garbage collector deletes the pods first (finalizer `foregroundDeletion`).
+    Foreground,
+    /// Nobody deletes the pods while our finalizer holds the set: we do.
+    Background,
+    /// The pods and claims are kept: the garbage collector takes the set's ownerReferences off
+    /// the pods, then the `orphan` finalizer off the set.
+    Orphan,
+}
+
+/// The propagation of the set's deletion (`None` while it is not being deleted). The `orphan`
+/// finalizer says so only until the garbage collector has orphaned the pods; after that, a pod
+/// named after an ordinal that the set no longer owns does. So a view in which the pods lag the
+/// set mistakes an orphan deletion for a background one: destructive steps of a deleting set are
+/// only decided on a live read of the set and then of its pods (`decide` asks for one), and the
+/// pass does nothing when that read and its cache disagree on the propagation.
+pub fn propagation(o: &Observed) -> Option<Propagation> {
+    let set = &o.set;
+    if !set.deleting {
+        return None;
+    }
+    let has = |f: &str| set.finalizers.iter().any(|x| x == f);
+    let foreign_pods = o
+        .ordinals
+        .values()
+        .any(|f| matches!(f.pod.as_ref().map(|p| &p.role), Some(PodRole::Foreign)));
+    Some(if has(naming::ORPHAN_FINALIZER) {
+        Propagation::Orphan
+    } else if has(naming::FOREGROUND_FINALIZER) {
+        Propagation::Foreground
+    } else if foreign_pods {
+        Propagation::Orphan
+    } else {
+        Propagation::Background
+    })
+}
+
+impl Step {
+    /// Steps that destroy data or let a cleanup run: decided on a set being deleted, they need a
+    /// live read of its pods (see [`propagation`]).
+    pub fn destructive(&self) -> bool {
+        matches!(
+            self,
+            Step::DeleteStatefulPod { .. }
+                | Step::CreateCleanupPod { .. }
+                | Step::Release { .. }
+                | Step::DeleteClaim { .. }
+        )
     }
 }
 
@@ -369,16 +427,9 @@ impl<'a> View<'a> {
             _ => None,
         };
         let inherited = opted_in.then(|| inherited(set, policy, plan)).flatten();
-        let has = |f: &str| set.finalizers.iter().any(|x| x == f);
-        let foreign_pods = o
-            .ordinals
-            .values()
-            .any(|f| matches!(f.pod.as_ref().map(|p| &p.role), Some(PodRole::Foreign)));
-        let orphan_deletion = set.deleting
-            && (has(naming::ORPHAN_FINALIZER)
-                || (!has(naming::FOREGROUND_FINALIZER) && foreign_pods));
-        let background_deletion =
-            set.deleting && !orphan_deletion && !has(naming::FOREGROUND_FINALIZER);
+        let deletion = propagation(o);
+        let orphan_deletion = deletion == Some(Propagation::Orphan);
+        let background_deletion = deletion == Some(Propagation::Background);
         let hold = if !opted_in {
             Some(Hold::OptedOut)
         } else if orphan_deletion {
@@ -454,16 +505,14 @@ fn scan_ordinals<'a>(view: &View<'a>, plan: &mut Plan) -> Scan<'a> {
     let mut scan = Scan::default();
     for (&ordinal, facts) in view.o.ordinals.iter().rev() {
         let live: Vec<&ClaimFacts> = facts.claims.iter().filter(|c| c.live()).collect();
-        let conflict = live
-            .iter()
-            .find_map(|c| Some((c, c.wanted_by_other.as_ref()?)));
+        let conflict = live.iter().find_map(|c| Some((c, c.not_ours.as_ref()?)));
         if let Some((claim, other)) = conflict {
             if view.opted_in && view.orphaned(ordinal) {
                 plan.event(
                     Reason::ClaimOwnershipConflict,
                     claim.name.clone(),
                     format!(
-                        "claim {} also belongs to StatefulSet {other}, which still uses it; ordinal {ordinal} is left alone",
+                        "claim {} is not proven this StatefulSet's: {other}; ordinal {ordinal} is left alone (not cleaned, no claim deleted)",
                         claim.name
                     ),
                 );
@@ -473,6 +522,7 @@ fn scan_ordinals<'a>(view: &View<'a>, plan: &mut Plan) -> Scan<'a> {
             scan.pending.push(ordinal);
         }
         let Some(pod) = &facts.pod else { continue };
+        stuck_terminating(view, ordinal, facts, plan);
         match &pod.role {
             PodRole::Stateful => {
                 scan.stateful_pods.push(pod);
@@ -502,6 +552,36 @@ fn scan_ordinals<'a>(view: &View<'a>, plan: &mut Plan) -> Scan<'a> {
         }
     }
     scan
+}
+
+/// A pod of an orphaned ordinal that stays Terminating (its node is gone, or a finalizer holds it)
+/// keeps the ordinal from being cleaned, and with a condemned stateful pod the StatefulSet
+/// controller's status never lets a recorded cleanup pod go. Past `--cleanup-pending-timeout` it
+/// is reported (the set's status says `Stalled`); the controller never force-deletes it.
+fn stuck_terminating(view: &View<'_>, ordinal: u32, facts: &OrdinalFacts, plan: &mut Plan) {
+    let (Some(pod), Some(since)) = (&facts.pod, facts.terminating_since) else {
+        return;
+    };
+    if !view.opted_in || !view.orphaned(ordinal) || view.hold.is_some() {
+        return;
+    }
+    let timeout = view.policy.pending_timeout;
+    let Some(deadline) = since.checked_add(timeout).ok() else {
+        return;
+    };
+    if deadline > view.o.now {
+        plan.requeue(crate::scaledown::observe::until(view.o.now, deadline));
+        return;
+    }
+    plan.event(
+        Reason::PodStuckTerminating,
+        pod.uid.clone(),
+        format!(
+            "pod {} has been Terminating for more than {}s (its node may be gone); ordinal {ordinal} is not cleaned until it is gone. If its node is dead, delete the pod with --force",
+            pod.name,
+            timeout.as_secs()
+        ),
+    );
 }
 
 fn foreign_pod(view: &View<'_>, ordinal: u32, pod: &PodFacts, claims: bool, plan: &mut Plan) {
@@ -935,7 +1015,7 @@ impl CleanupStep<'_> {
                     .iter()
                     .find(|c| c.name == *name && c.uid == *uid)
             })
-            .filter(|c| c.live() && c.wanted_by_other.is_none())
+            .filter(|c| c.live() && c.not_ours.is_none())
             .collect()
     }
 
@@ -956,6 +1036,12 @@ impl CleanupStep<'_> {
             return;
         }
         let claims = self.recorded_claims();
+        if !claims.is_empty() {
+            // Whether another pod mounts a claim is decided on a live list: a pod the cache does
+            // not show yet would keep the claim's data in use (pvc-protection then deletes it
+            // when that pod ends).
+            plan.confirm(Confirm::SetAndNamespace);
+        }
         let in_use: Vec<&&ClaimFacts> = claims.iter().filter(|c| !c.used_by.is_empty()).collect();
         if !in_use.is_empty() {
             for claim in in_use {

@@ -8,6 +8,7 @@
 
 pub mod act;
 pub mod decide;
+pub mod expect;
 pub mod gauges;
 pub mod observe;
 pub mod reconcile;

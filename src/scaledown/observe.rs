@@ -112,6 +112,8 @@ pub struct SetFacts {
     pub template: Option<String>,
     pub claim_templates: Vec<String>,
     pub selector: Option<LabelSelector>,
+    /// `spec.selector.matchLabels`: the StatefulSet controller puts them on every claim it makes.
+    pub match_labels: BTreeMap<String, String>,
     pub replicas: u32,
     /// `spec.ordinals.start`.
     pub start: u32,
@@ -143,6 +145,18 @@ impl SetFacts {
         self.finalizers.iter().any(|f| f == naming::FINALIZER)
     }
 
+    /// The ordinal `claim` is of this set by its name, for one of its claim templates.
+    pub fn claim_ordinal(&self, claim: &str) -> Option<u32> {
+        self.claim_templates
+            .iter()
+            .find_map(|t| naming::claim_ordinal(claim, t, &self.name))
+    }
+
+    /// Whether a claim template of this set gives a claim the name `claim`.
+    pub fn makes_claim(&self, claim: &str) -> bool {
+        self.claim_ordinal(claim).is_some()
+    }
+
     /// Whether the set still runs a pod at `ordinal`.
     pub fn wants(&self, ordinal: u32) -> bool {
         !self.deleting
@@ -157,6 +171,8 @@ pub struct OrdinalFacts {
     pub claims: Vec<ClaimFacts>,
     /// The pod named `<set>-<ordinal>`, if any.
     pub pod: Option<PodFacts>,
+    /// When that pod's deletion began (`metadata.deletionTimestamp`), if it is being deleted.
+    pub terminating_since: Option<Timestamp>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -167,9 +183,9 @@ pub struct ClaimFacts {
     pub deleting: bool,
     /// Our retry bookkeeping: the attempt to create next, set before a failed pod is deleted.
     pub next_attempt: Option<u32>,
-    /// Another StatefulSet in the namespace whose own claim this name also is, and which still
-    /// wants that ordinal.
-    pub wanted_by_other: Option<String>,
+    /// Why the claim is not proven this set's (`None`: it is; see [`claim_ownership`]): another
+    /// object owns it, it carries another set's labels, or another set could own it by name.
+    pub not_ours: Option<String>,
     /// Pods other than this ordinal's cleanup pod that mount the claim and have not finished.
     pub used_by: Vec<String>,
 }
@@ -320,7 +336,9 @@ pub fn observe(set: &StatefulSet, sources: &Sources<'_>) -> Observed {
                 claim.used_by.retain(|p| *p != name);
             }
         }
-        ordinals.entry(ordinal).or_default().pod = Some(PodFacts {
+        let entry = ordinals.entry(ordinal).or_default();
+        entry.terminating_since = pod.meta().deletion_timestamp.as_ref().map(|t| t.0);
+        entry.pod = Some(PodFacts {
             uid: pod.uid().unwrap_or_default(),
             deleting: pod.meta().deletion_timestamp.is_some(),
             name,
@@ -388,14 +406,7 @@ fn claim_facts(
     users: &BTreeMap<&str, Vec<String>>,
 ) -> Vec<(u32, ClaimFacts)> {
     let name = claim.name_any();
-    let wanted_by_other = others
-        .iter()
-        .find(|o| {
-            o.claim_templates
-                .iter()
-                .any(|t| naming::claim_ordinal(&name, t, &o.name).is_some_and(|n| o.wants(n)))
-        })
-        .map(|o| o.name.clone());
+    let not_ours = claim_ownership(claim, set, others);
     set.claim_templates
         .iter()
         .filter_map(|template| {
@@ -411,12 +422,74 @@ fn claim_facts(
                         .annotations()
                         .get(naming::NEXT_ATTEMPT_ANNOTATION)
                         .and_then(|v| v.parse().ok()),
-                    wanted_by_other: wanted_by_other.clone(),
+                    not_ours: not_ours.clone(),
                     used_by: users.get(name.as_str()).cloned().unwrap_or_default(),
                 },
             ))
         })
         .collect()
+}
+
+/// Whether a claim whose name fits `set` is proven `set`'s, and if not, why (docs/usage.md,
+/// *Whose claim it is*). A name proves nothing on its own: the StatefulSet controller puts the set's
+/// `selector.matchLabels` on every claim it creates, so a claim is `set`'s when
+/// - no ownerReference names another object than `set`, and
+/// - no other set of the namespace still wants the ordinal its name gives for that set, and
+/// - it carries `set`'s matchLabels and no other set that could own it by name has its matchLabels
+///   on it too, or it carries no set's matchLabels at all (made by hand) and no other set could own
+///   it by name.
+///
+/// `others` are the other sets of the namespace that could own the claim by name or whose
+/// matchLabels it carries (`scaledown::watch::Stores::slice` gathers them).
+pub fn claim_ownership(
+    claim: &PartialObjectMeta<PersistentVolumeClaim>,
+    set: &SetFacts,
+    others: &[SetFacts],
+) -> Option<String> {
+    let name = claim.name_any();
+    if let Some(owner) = claim.owner_references().iter().find(|o| o.uid != set.uid) {
+        return Some(format!("it is owned by {} {}", owner.kind, owner.name));
+    }
+    let by_name: Vec<&SetFacts> = others
+        .iter()
+        .filter(|o| o.name != set.name && o.makes_claim(&name))
+        .collect();
+    if let Some(other) = by_name
+        .iter()
+        .find(|o| o.claim_ordinal(&name).is_some_and(|n| o.wants(n)))
+    {
+        return Some(format!(
+            "it is also a claim of StatefulSet {}, which still uses that ordinal",
+            other.name
+        ));
+    }
+    let labels = claim.labels();
+    let carries = |s: &SetFacts| {
+        !s.match_labels.is_empty()
+            && s.match_labels
+                .iter()
+                .all(|(k, v)| labels.get(k).is_some_and(|l| l == v))
+    };
+    if carries(set) {
+        return by_name.iter().find(|o| carries(o)).map(|o| {
+            format!(
+                "it carries the selector labels of this set and of StatefulSet {}, whose claims have the same name",
+                o.name
+            )
+        });
+    }
+    if let Some(other) = others.iter().find(|o| o.name != set.name && carries(o)) {
+        return Some(format!(
+            "it carries the selector labels of StatefulSet {}, not this set's",
+            other.name
+        ));
+    }
+    by_name.first().map(|o| {
+        format!(
+            "StatefulSet {} makes a claim of the same name and the claim carries neither set's selector labels",
+            o.name
+        )
+    })
 }
 
 /// The facts of a StatefulSet object on its own.
@@ -444,6 +517,9 @@ pub fn set_facts(set: &StatefulSet) -> SetFacts {
         claim_templates: spec
             .and_then(|s| s.volume_claim_templates.as_ref())
             .map(|ts| ts.iter().filter_map(|t| t.metadata.name.clone()).collect())
+            .unwrap_or_default(),
+        match_labels: spec
+            .and_then(|s| s.selector.match_labels.clone())
             .unwrap_or_default(),
         selector: spec.map(|s| s.selector.clone()),
         replicas: non_negative(spec.and_then(|s| s.replicas), 1),

@@ -22,12 +22,13 @@ use tracing::debug;
 use crate::error::{Error, Result};
 use crate::naming;
 use crate::pass::Runner;
-use crate::scaledown::act::{Actor, Created, Done};
+use crate::scaledown::act::{Actor, Created, Done, GoneKind};
 use crate::scaledown::decide::{self, Confirm, Plan, Policy, Step, Verdict, decide, status};
+use crate::scaledown::expect::{self, Expectations};
 use crate::scaledown::observe::{
     self, Observed, Phase, PodFacts, PodRole, Rejection, SetFacts, SetRead, Sources,
 };
-use crate::scaledown::watch::Stores;
+use crate::scaledown::watch::{Slice, Stores};
 
 /// How long a cleanup pod we created counts as in flight (and is not created again) before the
 /// cache shows it. Short: a pod deleted by someone else before our watch saw it (the StatefulSet
@@ -39,6 +40,20 @@ const RECREATE_WINDOW: Duration = Duration::from_secs(600);
 const RECREATE_DELAY_MAX: Duration = Duration::from_secs(60);
 /// Reads of the set for one record of new cleanup pods, when the set keeps changing under us.
 const RECORD_TRIES: usize = 3;
+
+/// How soon a set looks again after its caches and a live read disagreed on its deletion.
+const DISAGREE_RECHECK: Duration = Duration::from_secs(1);
+
+/// What the live reads before acting came to.
+enum Confirmed {
+    /// The facts to act on (live where the plan needed them), and the plan decided on them.
+    Plan(Box<(Observed, Plan)>),
+    /// The set is gone or was replaced by a new one.
+    Gone,
+    /// The caches and the live read disagree on the propagation of the set's deletion: nothing
+    /// is done this pass.
+    Disagree,
+}
 
 pub struct Context {
     pub client: Client,
@@ -53,6 +68,8 @@ pub struct Context {
     recreates: Mutex<HashMap<(String, String), (u32, Instant)>>,
     /// What this process remembers per StatefulSet: only sets with refused creations.
     memory: Mutex<HashMap<ObjectRef<StatefulSet>, Memory>>,
+    /// Claims and pods this process deleted that the caches may still show.
+    expectations: Mutex<Expectations>,
     /// Times, backs off and reports every pass.
     pub runner: Runner<StatefulSet>,
 }
@@ -111,6 +128,7 @@ impl Context {
             created: Mutex::new(HashMap::new()),
             recreates: Mutex::new(HashMap::new()),
             memory: Mutex::new(HashMap::new()),
+            expectations: Mutex::new(Expectations::default()),
             runner,
         }
     }
@@ -124,8 +142,10 @@ impl Context {
         let (refusals, contended) = self.refusals(set);
         let cached = self.observe_cached(set, &refusals);
         let plan = decide(&cached, &self.policy);
-        let Some((observed, mut plan)) = self.confirm(set, cached, plan, &refusals).await? else {
-            return Ok(Action::await_change());
+        let (observed, mut plan) = match self.confirm(set, cached, plan, &refusals).await? {
+            Confirmed::Plan(confirmed) => *confirmed,
+            Confirmed::Gone => return Ok(Action::await_change()),
+            Confirmed::Disagree => return Ok(Action::requeue(DISAGREE_RECHECK)),
         };
         plan.status = status::change(&observed, &plan, &contended);
         debug!(
@@ -140,6 +160,7 @@ impl Context {
         let mut done = Done::default();
         let executed = self.actor.execute(&observed.set, &plan, &mut done).await;
         self.remember(set, &observed, &done, &reserved);
+        self.expect_deleted(&observed.set.namespace, &done.deleted);
         // Pods created before a failed step are settled all the same.
         let status = plan.status.as_ref().map(|c| &c.write);
         let recorded = self
@@ -169,23 +190,40 @@ impl Context {
     }
 
     /// Decides again on a live read for as long as the plan asks for one (at most twice: the set,
-    /// then the set with its namespace). `None` when the set is gone or was replaced.
+    /// then the set with its namespace).
     async fn confirm(
         &self,
         set: &StatefulSet,
-        mut observed: Observed,
+        cached: Observed,
         mut plan: Plan,
         refusals: &BTreeMap<u32, Rejection>,
-    ) -> Result<Option<(Observed, Plan)>> {
+    ) -> Result<Confirmed> {
+        let cached_propagation = decide::propagation(&cached);
+        let mut observed = cached;
         for _ in 0..2 {
             let Some(depth) = plan.confirm else { break };
             let Some(live) = self.observe_live(set, depth, refusals).await? else {
-                return Ok(None);
+                return Ok(Confirmed::Gone);
             };
             plan = decide(&live, &self.policy);
             observed = live;
         }
-        Ok(plan.confirm.is_none().then_some((observed, plan)))
+        let live_propagation = decide::propagation(&observed);
+        if observed.read == SetRead::LiveAll && live_propagation != cached_propagation {
+            // The caches lag the API server (and one another): wait until they agree with it.
+            debug!(
+                set = %observed.set.name,
+                namespace = %observed.set.namespace,
+                cached = ?cached_propagation,
+                live = ?live_propagation,
+                "the caches and a live read disagree on how the set is deleted; nothing is done this pass"
+            );
+            return Ok(Confirmed::Disagree);
+        }
+        if plan.confirm.is_some() {
+            return Ok(Confirmed::Gone);
+        }
+        Ok(Confirmed::Plan(Box::new((observed, plan))))
     }
 
     /// The verdict on each cleanup pod created in this pass, carried out by `act`.
@@ -315,8 +353,38 @@ impl Context {
         });
     }
 
+    /// What the caches hold for a pass over `set`, with what this process deleted and the caches
+    /// do not show yet marked as being deleted (`expect`).
+    fn slice(&self, set: &StatefulSet) -> Slice {
+        let mut slice = self.stores.slice(set);
+        let expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
+        if !expectations.is_empty() {
+            let ns = set.namespace().unwrap_or_default();
+            expectations.mask(&ns, &mut slice, Timestamp::now());
+        }
+        slice
+    }
+
+    /// Records the deletes of a pass, and forgets those the caches show by now.
+    fn expect_deleted(&self, ns: &str, gone: &[crate::scaledown::act::Gone]) {
+        let mut expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let (claims, pods, cleanup_pods) = (
+            &self.stores.claims,
+            &self.stores.pods,
+            &self.stores.cleanup_pods,
+        );
+        expectations.forget_seen(now, |kind, ns, name| match kind {
+            GoneKind::Claim => expect::shown_claim(claims.get(ns, name)),
+            GoneKind::Pod => {
+                expect::shown_pod(cleanup_pods.get(ns, name).or_else(|| pods.get(ns, name)))
+            }
+        });
+        expectations.deleted(ns, gone, now);
+    }
+
     fn observe_cached(&self, set: &StatefulSet, refusals: &BTreeMap<u32, Rejection>) -> Observed {
-        let slice = self.stores.slice(set);
+        let slice = self.slice(set);
         observe::observe(
             set,
             &Sources {
@@ -359,7 +427,7 @@ impl Context {
         let Some(live) = self.get_set(&observe::set_facts(set)).await? else {
             return Ok(None);
         };
-        let slice = self.stores.slice(&live);
+        let slice = self.slice(&live);
         let in_flight = self.cleanups_in_flight();
         let (claims, pods, cleanup_pods, read) = match depth {
             Confirm::Set => (
@@ -497,6 +565,8 @@ impl Context {
             if entry.refusals.is_empty() && entry.contended.is_empty() {
                 memory.remove(&key);
             }
+            // Sets deleted meanwhile (a namespace deleted with them) take their memory along.
+            memory.retain(|set, _| self.stores.sets.get(set).is_some());
         }
         let mut in_flight = self.created.lock().unwrap_or_else(|p| p.into_inner());
         let ns = &observed.set.namespace;

@@ -112,12 +112,35 @@ impl Stores {
             .map(|p| (p.name_any(), p))
             .collect();
         let mut sets = BTreeMap::new();
-        for claim in claims.keys() {
-            for user in self.pods.users(&ns, claim) {
+        let own_labels = set
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.match_labels.as_ref());
+        let mut foreign_labels = false;
+        for (claim_name, claim) in &claims {
+            for user in self.pods.users(&ns, claim_name) {
                 pods.insert(user.name_any(), user);
             }
-            for other in caches::sets_of_claim_name(&ns, claim, &self.sets) {
+            for other in caches::sets_of_claim_name(&ns, claim_name, &self.sets) {
                 if other.name_any() != name {
+                    sets.insert(other.name_any(), other);
+                }
+            }
+            foreign_labels |= !carries_labels(claim.labels(), own_labels);
+        }
+        // A claim without this set's selector labels is its own only if it carries no other
+        // set's: those sets are looked up among the namespace's (rare: made by hand, or foreign).
+        if foreign_labels {
+            for other in self.sets.state() {
+                let labels = other
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.selector.match_labels.as_ref());
+                let labelled = claims.values().any(|c| carries_labels(c.labels(), labels));
+                if other.namespace().as_deref() == Some(ns.as_str())
+                    && other.name_any() != name
+                    && labelled
+                {
                     sets.insert(other.name_any(), other);
                 }
             }
@@ -129,6 +152,14 @@ impl Stores {
             cleanup_pods: self.cleanup_pods.prefixed(&ns, &pod_prefix),
         }
     }
+}
+
+/// Whether `labels` carry every one of a set's non-empty `matchLabels`.
+fn carries_labels(
+    labels: &BTreeMap<String, String>,
+    match_labels: Option<&BTreeMap<String, String>>,
+) -> bool {
+    match_labels.is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| labels.get(k) == Some(v)))
 }
 
 /// The StatefulSet a pod concerns: the owner annotation of a cleanup pod, else its StatefulSet

@@ -484,7 +484,8 @@ impl Env {
     }
 
     /// Reasons of the Events our controller published on `set`.
-    pub async fn event_reasons(&self, set: &str) -> Vec<String> {
+    /// Our Events (the StatefulSet controller reports `SuccessfulCreate` too) on `set`.
+    async fn our_events(&self, set: &str) -> Vec<Event> {
         let events: Api<Event> = self.ns.api();
         let list = events
             .list(&ListParams::default())
@@ -493,11 +494,24 @@ impl Env {
         list.items
             .into_iter()
             .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(set))
-            // Only ours: the StatefulSet controller reports `SuccessfulCreate` too.
             .filter(|e| {
                 e.reporting_controller.as_deref() == Some("statefulset-scaledown-controller")
             })
-            .filter_map(|e| e.reason)
+            .collect()
+    }
+
+    pub async fn event_reasons(&self, set: &str) -> Vec<String> {
+        let events = self.our_events(set).await;
+        events.into_iter().filter_map(|e| e.reason).collect()
+    }
+
+    /// The notes of our Events with `reason` on `set`.
+    pub async fn event_notes(&self, set: &str, reason: &str) -> Vec<String> {
+        let events = self.our_events(set).await;
+        events
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter_map(|e| e.note)
             .collect()
     }
 

@@ -16,6 +16,7 @@ pub mod fixtures;
 pub mod hotloop;
 pub mod pool;
 pub mod recorder;
+pub mod sieve;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

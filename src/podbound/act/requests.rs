@@ -19,7 +19,7 @@ pub(super) fn claim(owners: Vec<(String, String, String)>) -> ClaimFacts {
         uid: "uid-claim".into(),
         resource_version: "5".into(),
         pod: Some("runner".into()),
-        created: None,
+        waiting: None,
         deleting: false,
         owners,
     }

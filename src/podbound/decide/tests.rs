@@ -1,13 +1,13 @@
 //! Table tests over the pod-bound claims' `decide`.
 
 use super::*;
-use crate::podbound::observe::{NamedPod, PodRef};
+use crate::podbound::observe::{NamedPod, PodRef, Waiting};
 
 fn t(s: &str) -> Timestamp {
     s.parse().expect("timestamp")
 }
 
-/// Claim `cache` of `ns`, created at 12:00, bound to pod `runner`.
+/// Claim `cache` of `ns`, bound to pod `runner`, waiting for it since 12:00 (recorded).
 fn claim() -> ClaimFacts {
     ClaimFacts {
         namespace: "ns".into(),
@@ -15,7 +15,10 @@ fn claim() -> ClaimFacts {
         uid: "uid-claim".into(),
         resource_version: "5".into(),
         pod: Some("runner".into()),
-        created: Some(t("2026-11-24T12:00:00Z")),
+        waiting: Some(Waiting {
+            pod: "runner".into(),
+            since: t("2026-11-24T12:00:00Z"),
+        }),
         deleting: false,
         owners: Vec::new(),
     }
@@ -59,6 +62,7 @@ fn kind(plan: &Plan) -> String {
     match plan {
         Plan::Refuse(reason, _) => format!("Refuse({reason})"),
         Plan::Wait(d) => format!("Wait({}s)", d.as_secs()),
+        Plan::Record(w) => format!("Record({})", w.format()),
         Plan::Attach(pods) => {
             let pods: Vec<String> = pods
                 .iter()
@@ -195,6 +199,78 @@ fn grace_table() {
             "Refuse(ClaimInUse)",
         ),
     ]);
+}
+
+/// The grace counts from the recorded start of the wait for the pod the annotation names now, never
+/// from the claim's creation: an old claim annotated for a pod still to come (or a typo) is first
+/// recorded as waiting, then waits the whole grace. (Before the record, an old claim was deleted
+/// on its first pass.)
+#[test]
+fn the_grace_counts_from_the_recorded_wait_not_the_creation() {
+    check(vec![
+        (
+            "old claim, no record: the wait starts now, nothing is deleted",
+            |c| c.waiting = None,
+            gone(&[]),
+            "13:00:00",
+            "Record(runner@2026-11-24T13:00:00Z)",
+        ),
+        (
+            "recorded for another pod (the annotation changed): the wait starts again",
+            |c| c.pod = Some("runner-2".into()),
+            gone(&[]),
+            "13:00:00",
+            "Record(runner-2@2026-11-24T13:00:00Z)",
+        ),
+        (
+            "recorded a minute ago on an old claim: most of the grace left",
+            |c| {
+                c.waiting = Some(Waiting {
+                    pod: "runner".into(),
+                    since: t("2026-11-24T12:59:00Z"),
+                })
+            },
+            gone(&[]),
+            "13:00:00",
+            "Wait(540s)",
+        ),
+        (
+            "recorded in the future (clock set back): the whole grace",
+            |c| {
+                c.waiting = Some(Waiting {
+                    pod: "runner".into(),
+                    since: t("2026-11-24T14:00:00Z"),
+                })
+            },
+            gone(&[]),
+            "13:00:00",
+            "Wait(600s)",
+        ),
+        (
+            "no record, but the pod runs: attached, nothing recorded",
+            |c| c.waiting = None,
+            exists(false),
+            "13:00:00",
+            "Attach(runner:uid-runner)",
+        ),
+        (
+            "no record, another pod mounts it: kept, nothing recorded",
+            |c| c.waiting = None,
+            gone(&["other"]),
+            "13:00:00",
+            "Refuse(ClaimInUse)",
+        ),
+    ]);
+    // The record reads back as written, and nothing else passes for one.
+    let w = Waiting::parse("runner@2026-11-24T13:00:00Z").expect("parses");
+    assert_eq!(
+        (w.pod.as_str(), w.since),
+        ("runner", t("2026-11-24T13:00:00Z"))
+    );
+    assert_eq!(w.format(), "runner@2026-11-24T13:00:00Z");
+    for bad in ["runner", "runner@yesterday", "", "@"] {
+        assert_eq!(Waiting::parse(bad), None, "{bad}");
+    }
 }
 
 /// A claim another live pod mounts is never left to the garbage collector with the named pod as

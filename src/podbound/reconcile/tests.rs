@@ -14,8 +14,20 @@ const CLAIM: &str = "/api/v1/namespaces/ns/persistentvolumeclaims/cache";
 const PODS: &str = "/api/v1/namespaces/ns/pods";
 const GRACE: Duration = Duration::from_secs(600);
 
-/// Claim `cache` of `ns`, bound by annotation to pod `runner`, created long before the grace.
+/// Claim `cache` of `ns`, bound by annotation to pod `runner`, created and recorded as waiting for
+/// it long before the grace.
 fn claim() -> Claim {
+    let mut claim = unrecorded();
+    let annotations = claim.metadata.annotations.get_or_insert_default();
+    annotations.insert(WAITING.into(), "runner@2020-01-01T00:00:00Z".into());
+    claim
+}
+
+const WAITING: &str = "statefulsets.kubernetes.io/bound-to-pod-waiting-since";
+
+/// Claim `cache` as [`claim`], created long before the grace, but never seen waiting (annotated
+/// just now, say).
+fn unrecorded() -> Claim {
     serde_json::from_value(json!({
         "metadata": {"name": "cache", "namespace": "ns", "uid": "uid-claim",
             "resourceVersion": "5", "creationTimestamp": "2020-01-01T00:00:00Z",
@@ -146,6 +158,41 @@ async fn a_deletion_follows_a_live_list_of_the_namespace() {
     let delete = &log.writes_and_reads()[1].body;
     assert_eq!(delete["preconditions"]["uid"], "uid-claim");
     assert_eq!(delete["preconditions"]["resourceVersion"], "5");
+}
+
+/// An old claim whose pod never showed, not yet seen waiting (annotated just now): its wait is
+/// recorded on it, by a patch that tests its UID and resourceVersion, and it is not deleted; its
+/// grace starts now. (Before the record, this pass deleted it: it was older than the grace.)
+#[tokio::test]
+async fn an_old_claim_not_seen_waiting_is_recorded_not_deleted() {
+    let (ctx, log) = context(Vec::new(), |sent| match listed(sent) {
+        Some(_) => pod_list(Vec::new()),
+        None => (200, json!({})),
+    });
+    let before = Timestamp::now();
+    ctx.pass(&unrecorded()).await.expect("pass");
+    assert_eq!(requests(&log), ["PATCH "]);
+    let sent = &log.writes_and_reads()[0];
+    assert_eq!(sent.content_type, "application/json-patch+json");
+    let ops = &sent.body;
+    assert_eq!(
+        ops[0],
+        json!({"op": "test", "path": "/metadata/uid", "value": "uid-claim"})
+    );
+    assert_eq!(
+        ops[1],
+        json!({"op": "test", "path": "/metadata/resourceVersion", "value": "5"})
+    );
+    assert_eq!(ops[2]["op"], "add");
+    assert_eq!(
+        ops[2]["path"],
+        "/metadata/annotations/statefulsets.kubernetes.io~1bound-to-pod-waiting-since"
+    );
+    let value = ops[2]["value"].as_str().unwrap_or_default();
+    let (pod, since) = value.split_once('@').expect("<pod>@<time>");
+    assert_eq!(pod, "runner");
+    let since: Timestamp = since.parse().expect("a time");
+    assert!(since.as_second() >= before.as_second(), "{value} is now");
 }
 
 /// The cache holds no pod, but the live list shows one that mounts the claim: no delete.

@@ -246,34 +246,106 @@ async fn a_scrub_starts_with_the_temporary_claim_then_hands_the_pv_over() {
     assert!(log.published().is_empty());
 }
 
+/// A claim named `scrub-pv-1` this releaser did not create (409 on the create; read, UID
+/// `uid-read`): the PV is not handed to it (no patch), a Warning `ScrubBlocked` names it, once, and
+/// the pass fails with the 409 (category conflict) so the PV is backed off. (The releaser adopted
+/// any claim of that name and handed it the PV.)
 #[tokio::test]
-async fn an_existing_temporary_claim_is_read_and_a_lost_hand_over_deletes_it_by_uid() {
-    for (code, reason) in [(422, "Invalid"), (409, "Conflict")] {
-        let exists = mock_api::status(409, "AlreadyExists", "exists");
-        let lost = mock_api::status(code, reason, "the test op failed");
-        let (result, log, _) =
-            run(&facts("uid-old", None), start(), scrub_server(exists, lost)).await;
-        assert!(
-            result.is_ok(),
-            "{code}: the PV is not ours to scrub, not an error"
-        );
+async fn a_foreign_claim_with_the_temporary_name_is_never_handed_the_pv() {
+    let (client, log) = mock_api::serve(scrub_server(
+        mock_api::status(409, "AlreadyExists", "exists"),
+        (200, json!({})),
+    ));
+    let (releaser, _) = writer(client, Leadership::always(), false);
+    for pass in 0..2 {
+        let result = releaser.act(&pv(), &facts("uid-old", None), start()).await;
+        assert_eq!(category(&result), Some(Category::Conflict), "pass {pass}");
+    }
+    let read = format!("GET {OPS_CLAIMS}/scrub-pv-1");
+    let create = format!("POST {OPS_CLAIMS}");
+    assert_eq!(
+        log.lines(),
+        [&create, &read, &create, &read].map(String::clone),
+        "no hand-over"
+    );
+    let events = log.published();
+    assert_eq!(events.len(), 1, "once per PV and claim: {events:?}");
+    assert!(
+        events[0].starts_with("Warning ScrubBlocked: PV pv-1: StorageClass pool asks for a scrub before release, but claim ops/scrub-pv-1 (uid uid-read) exists and was not created by this releaser"),
+        "{events:?}"
+    );
+
+    // One being deleted (a former scrub's) is waited for, without a Warning.
+    let (result, log, _) = run(&facts("uid-old", None), start(), |sent: &Sent| {
+        match sent.method.as_str() {
+            "POST" => mock_api::status(409, "AlreadyExists", "exists"),
+            _ => (
+                200,
+                json!({"metadata": {"name": "scrub-pv-1", "uid": "uid-read",
+                   "deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+            ),
+        }
+    })
+    .await;
+    assert_eq!(category(&result), Some(Category::Conflict));
+    assert_eq!(log.lines().len(), 2, "{:?}", log.lines());
+    assert!(log.published().is_empty(), "{:?}", log.published());
+}
+
+/// The claim this process created, whose hand-over failed (500): on the next pass its create is
+/// answered 409 and it is read under the UID recorded at the create, so the PV is handed to it; a
+/// hand-over lost to a changed PV (422, 409) then deletes it by that UID.
+#[tokio::test]
+async fn the_claim_this_process_created_is_adopted_after_a_failed_hand_over() {
+    for (code, reason) in [(200, ""), (422, "Invalid"), (409, "Conflict")] {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let patches = calls.clone();
+        let (client, log) = mock_api::serve(move |sent: &Sent| match sent.method.as_str() {
+            "POST" if log_count(&patches) == 0 => (
+                201,
+                json!({"metadata": {"name": "scrub-pv-1", "uid": "uid-temp"}}),
+            ),
+            "POST" => mock_api::status(409, "AlreadyExists", "exists"),
+            "GET" => (
+                200,
+                json!({"metadata": {"name": "scrub-pv-1", "uid": "uid-temp"}}),
+            ),
+            "PATCH" if patches.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 => {
+                mock_api::status(500, "InternalError", "try again")
+            }
+            "PATCH" if code == 200 => (200, json!({})),
+            "PATCH" => mock_api::status(code, reason, "the test op failed"),
+            _ => mock_api::deleted(),
+        });
+        let (releaser, _) = writer(client, Leadership::always(), false);
+        let first = releaser.act(&pv(), &facts("uid-old", None), start()).await;
+        assert_eq!(category(&first), Some(Category::ServerError), "{code}");
+        let again = releaser.act(&pv(), &facts("uid-old", None), start()).await;
+        assert!(again.is_ok(), "{code}: {again:?}");
+        let sent = log.writes_and_reads();
+        let lines: Vec<String> = sent.iter().map(Sent::line).collect();
         assert_eq!(
-            log.lines(),
+            lines[2..4],
             [
                 format!("POST {OPS_CLAIMS}"),
-                format!("GET {OPS_CLAIMS}/scrub-pv-1"),
-                format!("PATCH {PV_PATH}"),
-                format!("DELETE {OPS_CLAIMS}/scrub-pv-1"),
+                format!("GET {OPS_CLAIMS}/scrub-pv-1")
             ],
             "{code}"
         );
-        let sent = log.writes_and_reads();
         assert_eq!(
-            sent[2].body[1]["value"]["uid"], "uid-read",
-            "the claim read"
+            sent[4].body[1]["value"]["uid"], "uid-temp",
+            "{code}: adopted"
         );
-        assert_eq!(sent[3].body["preconditions"]["uid"], "uid-read", "{code}");
+        if code == 200 {
+            assert_eq!(sent.len(), 5, "{lines:?}");
+        } else {
+            assert_eq!(lines[5], format!("DELETE {OPS_CLAIMS}/scrub-pv-1"));
+            assert_eq!(sent[5].body["preconditions"]["uid"], "uid-temp", "{code}");
+        }
+        assert!(log.published().is_empty(), "{code}: {:?}", log.published());
     }
+
+    // Refused create: no hand-over without the claim.
     let forbidden = mock_api::status(403, "Forbidden", "no");
     let (result, log, _) = run(
         &facts("uid-old", None),
@@ -283,6 +355,11 @@ async fn an_existing_temporary_claim_is_read_and_a_lost_hand_over_deletes_it_by_
     .await;
     assert_eq!(category(&result), Some(Category::Forbidden));
     assert_eq!(log.lines().len(), 1, "no hand-over without the claim");
+}
+
+/// How many PATCHes were answered (the first create is answered 201, later ones 409).
+fn log_count(patches: &std::sync::atomic::AtomicUsize) -> usize {
+    patches.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 fn scrub_pod() -> Value {

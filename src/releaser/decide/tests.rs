@@ -540,6 +540,7 @@ fn check_scrub(pv: &PvFacts, plan: &Plan) -> Result<(), TestCaseError> {
                     prop_assert_eq!(&pv.scrub_template, &ScrubTemplate::Invalid(why.clone()));
                 }
                 Blocked::NoNamespace => prop_assert!(pv.scrub_ns.is_none()),
+                Blocked::ClaimTaken { .. } => prop_assert!(false, "found by act, never decided"),
             }
         }
         Plan::Skip(_) | Plan::ReadClaim | Plan::Release { .. } => {}
@@ -577,4 +578,40 @@ fn releases_only_what_is_ours_released_and_unclaimed() {
     result.expect("the release property holds");
     assert!(released > 0, "the generator reaches releasable states");
     assert!(blocked > 0, "the generator reaches blocked scrubs");
+}
+
+/// A claim that already has the temporary claim's name is adopted only by the UID this process
+/// recorded when it created it; a name, a label or an annotation proves nothing.
+#[test]
+fn an_existing_temporary_claim_is_adopted_only_by_its_recorded_uid() {
+    let cases = [
+        (
+            "uid-temp",
+            false,
+            Some("uid-temp"),
+            Existing::Adopt("uid-temp".into()),
+        ),
+        (
+            "uid-foreign",
+            false,
+            Some("uid-temp"),
+            Existing::Foreign("uid-foreign".into()),
+        ),
+        (
+            "uid-foreign",
+            false,
+            None,
+            Existing::Foreign("uid-foreign".into()),
+        ),
+        ("", false, Some(""), Existing::Foreign(String::new())),
+        ("uid-temp", true, Some("uid-temp"), Existing::Deleting),
+        ("uid-foreign", true, None, Existing::Deleting),
+    ];
+    for (uid, deleting, created, want) in cases {
+        assert_eq!(
+            existing(uid, deleting, created),
+            want,
+            "{uid} {deleting} {created:?}"
+        );
+    }
 }

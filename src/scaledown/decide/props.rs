@@ -141,7 +141,7 @@ fn random_claims(o: &mut Observed, ordinal: u32, tape: &mut Tape<'_>) {
             c.used_by = vec!["reader".into()];
         }
         if tape.one_in(10) {
-            c.wanted_by_other = Some("web-2".into());
+            c.not_ours = Some("web-2".into());
         }
         if tape.one_in(6) {
             c.next_attempt = Some(1 + tape.pick(4));

@@ -81,9 +81,11 @@ enum Stall {
     Refused { code: u16, given_up: bool },
     Template(Reason),
     Stuck,
+    Terminating,
     ClaimInUse,
     Foreign,
     Unproven,
+    NotOurs,
     Contended,
 }
 
@@ -109,6 +111,9 @@ impl Stall {
             Stall::Stuck => {
                 format!("CleanupPodStuck: {which} Pending past --cleanup-pending-timeout")
             }
+            Stall::Terminating => format!(
+                "PodStuckTerminating: {which} held by a pod Terminating past --cleanup-pending-timeout"
+            ),
             Stall::ClaimInUse => format!("ClaimInUse: {which} with a claim mounted by another pod"),
             Stall::Foreign => {
                 format!("ForeignPod: {which} held by a pod neither the set's nor a cleanup pod")
@@ -116,6 +121,9 @@ impl Stall {
             Stall::Unproven => {
                 format!("UnprovenCleanupPod: {which} held by a look-alike not in the record")
             }
+            Stall::NotOurs => format!(
+                "ClaimOwnershipConflict: {which} with a claim not proven this set's (left alone)"
+            ),
             Stall::Contended => format!(
                 "RecordContended: {which} could not be recorded on the StatefulSet (it kept changing)"
             ),
@@ -140,10 +148,17 @@ fn ordinal_list(ordinals: &BTreeSet<u32>) -> String {
 }
 
 /// The ordinal an Event of the plan is about, from its key: a pod's UID (a cleanup or look-alike
-/// pod), `refused-<ordinal>`, or `<claim UID> <pods>` (a claim in use). `None` for others.
+/// pod), `refused-<ordinal>`, `<claim UID> <pods>` (a claim in use) or a claim's name (a claim not
+/// proven ours). `None` for others.
 pub fn event_ordinal(o: &Observed, event: &Event) -> Option<u32> {
     if let Some(ordinal) = event.key.strip_prefix("refused-") {
         return ordinal.parse().ok();
+    }
+    if event.reason == Reason::ClaimOwnershipConflict {
+        return o
+            .ordinals
+            .iter()
+            .find_map(|(n, f)| f.claims.iter().any(|c| c.name == event.key).then_some(*n));
     }
     let by_pod = o
         .ordinals
@@ -179,7 +194,7 @@ fn events(plan: &Plan) -> impl Iterator<Item = &Event> {
 fn waiting(o: &Observed) -> BTreeSet<u32> {
     o.ordinals
         .iter()
-        .filter(|(n, f)| !o.set.wants(**n) && f.claims.iter().any(|c| c.wanted_by_other.is_none()))
+        .filter(|(n, f)| !o.set.wants(**n) && f.claims.iter().any(|c| c.not_ours.is_none()))
         .map(|(n, _)| *n)
         .collect()
 }
@@ -220,8 +235,10 @@ fn stalls(o: &Observed, plan: &Plan, contended: &BTreeSet<u32>) -> BTreeMap<Stal
                 continue;
             }
             Reason::CleanupPodStuck => Stall::Stuck,
+            Reason::PodStuckTerminating => Stall::Terminating,
             Reason::ClaimInUse => Stall::ClaimInUse,
             Reason::ForeignPod => Stall::Foreign,
+            Reason::ClaimOwnershipConflict => Stall::NotOurs,
             // A gated look-alike is deleted in this plan: it only held the name for a moment.
             Reason::UnprovenCleanupPod if !deleted.contains(event.key.as_str()) => Stall::Unproven,
             _ => continue,

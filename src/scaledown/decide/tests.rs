@@ -66,7 +66,7 @@ pub(super) fn claim(template: &str, ordinal: u32) -> ClaimFacts {
         uid: format!("uid-{template}-{ordinal}"),
         deleting: false,
         next_attempt: None,
-        wanted_by_other: None,
+        not_ours: None,
         used_by: Vec::new(),
     }
 }
@@ -256,7 +256,7 @@ fn scale_down_table() {
     hole.ordinals.entry(1).or_default().pod = None;
 
     let mut conflict = with_claims(web(2), 0..3, 0..2);
-    conflict.ordinals.entry(2).or_default().claims[0].wanted_by_other = Some("data-web".into());
+    conflict.ordinals.entry(2).or_default().claims[0].not_ours = Some("data-web".into());
 
     let mut when_scaled = with_claims(web(2), 0..3, 0..2);
     when_scaled.set.when_scaled_delete = true;
@@ -776,8 +776,18 @@ fn cached_reads_ask_for_a_live_read_before_deleting_or_releasing() {
     let mut succeeded = with_claims(web(2), 0..3, 0..2);
     set_pod(&mut succeeded, 2, cleanup(2, Phase::Succeeded, 1));
     let p = decide(&cached(succeeded.clone()), &policy);
-    assert_eq!((summary(&p), p.confirm), (vec![], Some(Confirm::Set)));
+    assert_eq!(
+        (summary(&p), p.confirm),
+        (vec![], Some(Confirm::SetAndNamespace)),
+        "deleting claims: the set and the pods that may mount them are read live"
+    );
     succeeded.read = SetRead::LiveSet;
+    assert_eq!(
+        decide(&succeeded, &policy).confirm,
+        Some(Confirm::SetAndNamespace),
+        "a live set alone is not enough: a pod the cache misses may mount the claim"
+    );
+    succeeded.read = SetRead::LiveAll;
     assert!(
         summary(&decide(&succeeded, &policy))
             .contains(&"delete-claim data-web-2 uid-data-2".to_string())
@@ -961,6 +971,46 @@ fn stuck_pending_pods_are_reported_once_past_the_timeout() {
     assert_eq!(summary(&early), Vec::<String>::new());
     assert_eq!(early.requeue_after, Some(Duration::from_secs(360)));
     assert_eq!(plan(&pending(11)), ["warn CleanupPodStuck"]);
+}
+
+/// Issue 23: a condemned pod stuck Terminating (a dead node) holds its ordinal: past the pending
+/// timeout it is reported, and the set's status says `Stalled` with the ordinal, instead of
+/// waiting in silence. The controller never force-deletes it.
+#[test]
+fn a_pod_stuck_terminating_is_reported_past_the_timeout() {
+    let terminating = |minutes: i64| {
+        let mut o = with_claims(web(2), 0..3, 0..2);
+        let mut pod = stateful(2);
+        pod.deleting = true;
+        set_pod(&mut o, 2, pod);
+        if let Some(f) = o.ordinals.get_mut(&2) {
+            f.terminating_since = Some(t0());
+        }
+        o.now = t0()
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_mins(minutes))
+            .expect("time");
+        o
+    };
+    let early = decide(&terminating(4), &Policy::default());
+    assert_eq!(summary(&early), Vec::<String>::new());
+    assert_eq!(early.requeue_after, Some(Duration::from_secs(360)));
+    let late = terminating(11);
+    let p = decide(&late, &Policy::default());
+    assert_eq!(summary(&p), ["warn PodStuckTerminating"]);
+    let line = status::line(&late, &p, &Default::default()).expect("a status");
+    assert_eq!(
+        line.reason.as_deref(),
+        Some(
+            "PodStuckTerminating: ordinal 2 held by a pod Terminating past --cleanup-pending-timeout"
+        )
+    );
+    let mut wanted = terminating(11);
+    wanted.set.replicas = 3;
+    assert_eq!(
+        summary(&decide(&wanted, &Policy::default())),
+        Vec::<String>::new(),
+        "a wanted ordinal is the StatefulSet controller's"
+    );
 }
 
 #[test]

@@ -238,7 +238,7 @@ fn claim_facts_table() {
         facts(1)[0].used_by.is_empty(),
         "a finished pod uses nothing"
     );
-    assert_eq!(facts(1)[0].wanted_by_other, None);
+    assert_eq!(facts(1)[0].not_ours, None);
     assert_eq!(facts(2)[0].used_by, ["reader"]);
     assert!(facts(3)[0].deleting);
     assert!(facts(4).is_empty(), "other namespaces are ignored");
@@ -267,8 +267,8 @@ fn a_claim_another_set_still_wants_is_marked() {
     }));
     let o = observed(&set, &[other], &[claim("ns", "data-a-b-0")], &[]);
     assert_eq!(
-        o.ordinals[&0].claims[0].wanted_by_other.as_deref(),
-        Some("a-b")
+        o.ordinals[&0].claims[0].not_ours.as_deref(),
+        Some("it is also a claim of StatefulSet a-b, which still uses that ordinal")
     );
 }
 
@@ -342,4 +342,102 @@ fn restarts_table() {
             .map(|r| (r.count, r.container.as_str(), r.exit_code));
         assert_eq!(got, want, "{what}");
     }
+}
+
+/// Issue 23: whose claim a claim is, beyond its name. Set `db` (template `data-my`, labels
+/// `app=db`) and set `my-db` (template `data`, labels `app=my-db`) both give `data-my-db-0`.
+#[test]
+fn ownership_of_a_claim_is_proven_by_labels_and_owners_not_by_name() {
+    let set = |name: &str, template: &str, app: &str, replicas: i32| {
+        from(json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                         "annotations": {naming::TEMPLATE_ANNOTATION: "{}"}},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": app}},
+                     "template": {},
+                     "volumeClaimTemplates": [{"metadata": {"name": template}}]}
+        }))
+    };
+    let db = set("db", "data-my", "db", 0);
+    let my_db = set("my-db", "data", "my-db", 0);
+    let other = set("cache", "data", "cache", 1);
+    let with = |labels: Value, owners: Value| {
+        let mut c = PartialObjectMeta::<PersistentVolumeClaim>::default();
+        c.metadata.name = Some("data-my-db-0".into());
+        c.metadata.namespace = Some("ns".into());
+        c.metadata.uid = Some("uid-c".into());
+        c.metadata.labels = serde_json::from_value(labels).expect("labels");
+        c.metadata.owner_references = serde_json::from_value(owners).expect("owners");
+        Arc::new(c)
+    };
+    let not_ours = |sets: &[Arc<StatefulSet>], claim| {
+        let o = observed(&db, sets, &[claim], &[]);
+        o.ordinals[&0].claims[0].not_ours.clone()
+    };
+    let owner = |kind: &str, uid: &str| json!([{"apiVersion": "v1", "kind": kind, "name": "x", "uid": uid}]);
+    type Case<'a, C> = (&'a str, &'a [Arc<StatefulSet>], C, Option<&'a str>);
+    let cases: Vec<Case<'_, _>> = vec![
+        (
+            "made by the StatefulSet controller for db",
+            &[],
+            with(json!({"app": "db"}), Value::Null),
+            None,
+        ),
+        (
+            "made by hand, no other set fits its name",
+            &[],
+            with(Value::Null, Value::Null),
+            None,
+        ),
+        (
+            "made by hand with labels of no set",
+            &[],
+            with(json!({"team": "a"}), Value::Null),
+            None,
+        ),
+        (
+            "owned by db itself (whenDeleted: Delete)",
+            &[],
+            with(json!({"app": "db"}), owner("StatefulSet", "uid-db")),
+            None,
+        ),
+        (
+            "kept by my-db, which does not take part, after a scale-down",
+            std::slice::from_ref(&my_db),
+            with(json!({"app": "my-db"}), Value::Null),
+            Some("it carries the selector labels of StatefulSet my-db, not this set's"),
+        ),
+        (
+            "made by hand, and my-db fits its name",
+            std::slice::from_ref(&my_db),
+            with(Value::Null, Value::Null),
+            Some(
+                "StatefulSet my-db makes a claim of the same name and the claim carries neither set's selector labels",
+            ),
+        ),
+        (
+            "another object owns it",
+            &[],
+            with(json!({"app": "db"}), owner("ConfigMap", "uid-cm")),
+            Some("it is owned by ConfigMap x"),
+        ),
+        (
+            "it carries the labels of a set that cannot own it by name",
+            std::slice::from_ref(&other),
+            with(json!({"app": "cache"}), Value::Null),
+            Some("it carries the selector labels of StatefulSet cache, not this set's"),
+        ),
+    ];
+    let mut checked = 0;
+    for (what, sets, claim, want) in cases {
+        assert_eq!(not_ours(sets, claim).as_deref(), want, "{what}");
+        checked += 1;
+    }
+    // The same labels on both sets: neither proves it.
+    let twin = set("my-db", "data", "db", 0);
+    let shared = not_ours(&[twin], with(json!({"app": "db"}), Value::Null));
+    assert!(
+        shared.is_some_and(|w| w.contains("of this set and of StatefulSet my-db")),
+        "labels both sets carry prove neither"
+    );
+    assert_eq!(checked, 8);
 }

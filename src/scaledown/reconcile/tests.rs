@@ -202,8 +202,27 @@ fn scaled(replicas: i32) -> Value {
 
 async fn pass(set: Value, pods: Vec<Pod>, live: Option<Value>) -> (Result<Action>, Log) {
     let set: StatefulSet = object(set);
-    let (ctx, log) = context(&set, pods, server(live));
+    let (ctx, log) = context(&set, pods.clone(), listing(server(live), pods));
     (ctx.pass(&set).await, log)
+}
+
+/// `answer`, with the lists of the namespace's claims (those of ordinals 0 and 1) and of `pods`
+/// answered as the API server holds them.
+fn listing<F>(answer: F, pods: Vec<Pod>) -> impl Fn(&Sent) -> Answer + Send + Sync + 'static
+where
+    F: Fn(&Sent) -> Answer + Send + Sync + 'static,
+{
+    let list = |items: Value| json!({"metadata": {"resourceVersion": "9"}, "items": items});
+    let claims = list(json!([
+        serde_json::to_value(claim(0)).expect("claim"),
+        serde_json::to_value(claim(1)).expect("claim")
+    ]));
+    let pods = list(serde_json::to_value(&pods).expect("pods"));
+    move |sent| match (sent.method.as_str(), sent.path.as_str()) {
+        ("GET", CLAIMS) => (200, claims.clone()),
+        ("GET", PODS) => (200, pods.clone()),
+        _ => answer(sent),
+    }
 }
 
 fn claim_deletes(log: &Log) -> Vec<Sent> {
@@ -610,7 +629,8 @@ async fn a_cleanup_pod_that_ran_clears_its_name_so_the_next_scale_down_is_not_he
     // A set scaled down again and again: web-1 was created many times, each time it ran.
     let set: StatefulSet = object(web(1, true));
     let pods = vec![stateful_pod(), succeeded_cleanup("uid-cleanup")];
-    let (ctx, _log) = context(&set, pods, server(Some(web(1, true))));
+    let answer = listing(server(Some(web(1, true))), pods.clone());
+    let (ctx, _log) = context(&set, pods, answer);
     let key = ("ns".to_string(), "web-1".to_string());
     ctx.recreates
         .lock()
@@ -755,5 +775,124 @@ fn what_a_cleanup_pod_is_made_from_is_hashed_for_its_refusals() {
         hash(pooled, false),
         hash(web(1, false), false),
         "not inherited: not kept, not hashed"
+    );
+}
+
+/// Issue 23: a pod that mounts the claim and that the pod cache does not show yet stops the delete
+/// of the claim: whether a claim is in use is decided on a live list of the namespace's pods.
+#[tokio::test]
+async fn a_pod_seen_only_live_keeps_the_claim_of_a_finished_cleanup() {
+    let cached = vec![stateful_pod(), succeeded_cleanup("uid-cleanup")];
+    let reader: Pod = object(json!({"metadata": {"name": "reader", "namespace": "ns",
+        "uid": "uid-reader"},
+        "spec": {"containers": [], "volumes": [
+            {"name": "d", "persistentVolumeClaim": {"claimName": "data-web-1"}}]},
+        "status": {"phase": "Running"}}));
+    let mut live_pods = cached.clone();
+    live_pods.push(reader);
+    let set: StatefulSet = object(web(1, true));
+    let answer = listing(server(Some(web(1, true))), live_pods);
+    let (ctx, log) = context(&set, cached, answer);
+    ctx.pass(&set).await.expect("pass");
+    let lines = log.lines();
+    assert!(
+        lines.contains(&format!("GET {PODS}")),
+        "pods read live: {lines:?}"
+    );
+    assert!(claim_deletes(&log).is_empty(), "{lines:?}");
+    assert!(
+        !lines.contains(&format!("DELETE {PODS}/web-1")),
+        "the cleanup pod stays while its claim waits: {lines:?}"
+    );
+}
+
+/// Issue 23: once the claims of a finished cleanup are deleted, a pass decided on a claim cache
+/// that still holds them (its watch event is on its way) does not create a cleanup pod for that
+/// ordinal again.
+#[tokio::test]
+async fn a_finished_cleanup_is_not_created_again_from_a_stale_claim_cache() {
+    let pods = vec![stateful_pod(), succeeded_cleanup("uid-cleanup")];
+    let set: StatefulSet = object(web(1, true));
+    let answer = listing(server(Some(web(1, true))), pods.clone());
+    let (ctx, log) = context(&set, pods, answer);
+    ctx.pass(&set).await.expect("first pass");
+    assert_eq!(claim_deletes(&log).len(), 1, "{:?}", log.lines());
+    // The pod's delete reached the caches, the claim's did not yet.
+    let gone = succeeded_cleanup("uid-cleanup");
+    ctx.stores.pods.apply(&Event::Delete(gone.clone()));
+    ctx.stores.cleanup_pods.apply(&Event::Delete(gone));
+    let before = log.lines().len();
+    ctx.pass(&set).await.expect("second pass");
+    let after: Vec<String> = log.lines()[before..].to_vec();
+    assert!(
+        !after.contains(&format!("POST {PODS}")),
+        "no cleanup pod for a claim already deleted: {after:?}"
+    );
+}
+
+/// Issue 23: an orphan deletion seen through a pod cache that lags the set cache. The set's
+/// `orphan` finalizer is gone, its cached pods still name it as owner, but the garbage collector
+/// already took the ownerReferences off: the live read shows them orphaned, and nothing is deleted
+/// or created.
+#[tokio::test]
+async fn an_orphan_deletion_behind_a_lagging_pod_cache_deletes_nothing() {
+    let mut deleting = web(2, false);
+    deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    let owned = |n: u32| -> Pod {
+        object(
+            json!({"metadata": {"name": format!("web-{n}"), "namespace": "ns",
+            "uid": format!("uid-pod-{n}"), "labels": {"app": "web"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web",
+                                 "uid": "uid-web", "controller": true}]},
+            "spec": {"containers": [], "volumes": [{"name": "data",
+                "persistentVolumeClaim": {"claimName": format!("data-web-{n}")}}]},
+            "status": {"phase": "Running"}}),
+        )
+    };
+    let orphaned = |n: u32| {
+        let mut p = owned(n);
+        p.metadata.owner_references = None;
+        p
+    };
+    let set: StatefulSet = object(deleting.clone());
+    let answer = listing(server(Some(deleting)), vec![orphaned(0), orphaned(1)]);
+    let (ctx, log) = context(&set, vec![owned(0), owned(1)], answer);
+    ctx.pass(&set).await.expect("pass");
+    let lines = log.lines();
+    assert!(
+        lines.contains(&format!("GET {PODS}")),
+        "pods read live: {lines:?}"
+    );
+    let writes: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.starts_with("DELETE") || l.starts_with("POST"))
+        .collect();
+    assert!(writes.is_empty(), "{lines:?}");
+}
+
+/// Issue 23: the memory of refused creates does not outlive its StatefulSet (a set deleted, or its
+/// whole namespace): the next pass of any set drops the entries of sets no longer cached.
+#[tokio::test]
+async fn the_memory_of_a_deleted_set_is_dropped() {
+    let set: StatefulSet = object(web(1, false));
+    let (ctx, _log) = context(&set, vec![stateful_pod()], server(Some(web(1, false))));
+    let gone = ObjectRef::<StatefulSet>::new("gone").within("deleted-ns");
+    let refusal = Rejection {
+        count: 1,
+        last: Timestamp::now(),
+        code: 403,
+        message: "forbidden".into(),
+    };
+    ctx.memory.lock().expect("lock").insert(
+        gone.clone(),
+        Memory {
+            refusals: [(0, refusal)].into(),
+            ..Memory::default()
+        },
+    );
+    ctx.pass(&set).await.expect("pass");
+    assert!(
+        !ctx.memory.lock().expect("lock").contains_key(&gone),
+        "the deleted set's memory is gone"
     );
 }

@@ -99,7 +99,7 @@ fn the_status_of_each_state() {
     foreign_held.ordinals.entry(2).or_default().pod = Some(foreign(2));
     let mut other_set = with_claims(web(2), 0..3, 0..2);
     if let Some(f) = other_set.ordinals.get_mut(&2) {
-        f.claims[0].wanted_by_other = Some("web-x".into());
+        f.claims[0].not_ours = Some("web-x".into());
     }
     let mut retained = with_claims(web(2), 0..3, 0..2);
     retained.set.when_scaled_delete = true;
@@ -141,7 +141,15 @@ fn the_status_of_each_state() {
             "Idle",
             None,
         ),
-        ("the claim is another set's", other_set, &[], "Idle", None),
+        (
+            "a claim not proven the set's is left alone, and the status says so",
+            other_set,
+            &[],
+            "Stalled",
+            Some(
+                "ClaimOwnershipConflict: ordinal 2 with a claim not proven this set's (left alone)",
+            ),
+        ),
         (
             "the last attempts failed",
             failed_last_attempt(&[3, 2]),
