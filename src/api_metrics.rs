@@ -7,7 +7,8 @@
 //! `watch` query parameter. Labels are bounded: the resources are the ones the controller's code
 //! touches, and the code is the HTTP status (or `error` when no response came).
 
-use std::sync::LazyLock;
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
 use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
@@ -17,6 +18,7 @@ use kube::client::ClientBuilder;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use tokio::time::Instant;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -30,6 +32,16 @@ pub struct RequestLabels {
 pub fn requests() -> &'static Family<RequestLabels, Counter> {
     static REQUESTS: LazyLock<Family<RequestLabels, Counter>> = LazyLock::new(Family::default);
     &REQUESTS
+}
+
+/// When each resource was last watched: the instant the latest WATCH request for it was sent, by
+/// resource label. kube-runtime's watcher sends one at least every `timeoutSeconds` (290 s: the API
+/// server ends every watch then, and the watcher starts it again), and every ≤ 2 s while the API
+/// server fails (`crate::resuming`); an idle cluster changes neither. A resource whose entry grows
+/// old is a watch that is no longer polled: `/healthz` reports it ([`crate::http`]).
+pub fn watched() -> &'static Mutex<HashMap<String, Instant>> {
+    static WATCHED: LazyLock<Mutex<HashMap<String, Instant>>> = LazyLock::new(Default::default);
+    &WATCHED
 }
 
 /// A client from `config` whose requests are counted in [`requests`].
@@ -70,6 +82,12 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let (verb, resource) = classify(req.method(), req.uri().path(), req.uri().query());
+        if verb == "watch" {
+            watched()
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(resource.clone(), Instant::now());
+        }
         let future = self.inner.call(req);
         Box::pin(async move {
             let result = future.await;
@@ -289,6 +307,24 @@ mod tests {
         assert_eq!(
             requests().get_or_create(&labels("delete", "404")).get(),
             before_delete + 1
+        );
+        let watched_at = || {
+            watched()
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get("persistentvolumeclaims/status")
+                .copied()
+        };
+        assert_eq!(watched_at(), None, "a GET is not a watch");
+        let watch = Request::builder()
+            .uri("/api/v1/namespaces/bench-counted/persistentvolumeclaims/x/status?watch=true")
+            .body(())
+            .expect("request");
+        let before = Instant::now();
+        svc.call(watch).await.expect("response");
+        assert!(
+            watched_at().is_some_and(|at| at >= before),
+            "a WATCH is recorded"
         );
     }
 }

@@ -17,7 +17,8 @@ use tracing::{error, info};
 use crate::caches::{Caches, Claim};
 use crate::cli::Args;
 use crate::error::Result;
-use crate::http::{self, Probe};
+use crate::fence;
+use crate::http::{self, Liveness, Probe};
 use crate::leader::{self, Leadership};
 use crate::metrics::{self, Metrics};
 use crate::settings::{self, Settings};
@@ -68,9 +69,11 @@ pub async fn run(
         None => Leadership::always(),
     });
     metrics.set_leader(settings.election.is_none());
+    // The controllers' writes go through the fence; the election's own requests do not.
+    let fenced = fence::client(&client, &leadership);
     let wired = Wiring {
         args: &args,
-        client: &client,
+        client: &fenced,
         metrics: &metrics,
         leadership: &leadership,
         stop: &stop,
@@ -80,9 +83,11 @@ pub async fn run(
         synced,
         gauges,
         idle,
+        live,
     } = controllers(&wired, &settings);
     let probe = Probe {
         ready: http::readiness(synced, &stop),
+        live: Arc::new(live),
         metrics: metrics.clone(),
         gauges: Arc::new(gauges),
     };
@@ -114,13 +119,14 @@ struct Wiring<'a> {
 }
 
 /// The controllers this process runs, as one future that ends after `stop` once their running
-/// passes have; the waits for their caches (readiness); their scrape-time gauges; and waits until
-/// no pass runs.
+/// passes have; the waits for their caches (readiness); their scrape-time gauges; waits until
+/// no pass runs; and their passes as liveness looks at them.
 struct Controllers {
     work: BoxFuture<'static, ()>,
     synced: Vec<BoxFuture<'static, bool>>,
     gauges: Registry,
     idle: Vec<BoxFuture<'static, ()>>,
+    live: Liveness,
 }
 
 /// The shared caches and the controllers on them (the scale-down controller unless
@@ -133,6 +139,7 @@ fn controllers(wired: &Wiring, settings: &Settings) -> Controllers {
         synced: Vec::new(),
         gauges: Registry::with_prefix(metrics::PREFIX),
         idle: Vec::new(),
+        live: Liveness::default(),
     };
     if settings.scaledown || settings.pod_bound {
         let ns = settings.namespace.as_deref();
@@ -191,6 +198,10 @@ fn with_scaledown(
     built
         .synced
         .push(async move { stores.ready().await.is_ok() }.boxed());
+    let passes = ctx.clone();
+    built.live.pass(ctx.runner.controller().as_str(), move || {
+        passes.runner.longest_pass()
+    });
     built
         .idle
         .push(async move { ctx.runner.idle().await }.boxed());
@@ -212,6 +223,10 @@ fn with_podbound(
     );
     let woken = leader::became_leader(wired.leadership.subscribe());
     let controller = podbound::controller(caches, ctx.clone(), woken, wired.stop);
+    let passes = ctx.clone();
+    built.live.pass(ctx.runner.controller().as_str(), move || {
+        passes.runner.longest_pass()
+    });
     built
         .idle
         .push(async move { ctx.runner.idle().await }.boxed());
@@ -245,6 +260,10 @@ fn with_releaser(wired: &Wiring, id: &str, built: &mut Controllers) -> BoxFuture
         }
         .boxed(),
     );
+    let passes = ctx.clone();
+    built.live.pass(ctx.runner.controller().as_str(), move || {
+        passes.runner.longest_pass()
+    });
     built
         .idle
         .push(async move { ctx.runner.idle().await }.boxed());

@@ -52,7 +52,7 @@ pub enum Error {
     Election {
         lease: String,
         #[source]
-        source: kube_lease_manager::LeaseManagerError,
+        source: kube::Error,
     },
     /// A task of the process ended when it should have kept running.
     #[error("{0} stopped unexpectedly")]
@@ -77,6 +77,16 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A write the fence (`crate::fence`) did not send, because this process may not write now (not
+/// the leader, or its renew deadline passed). kube hands it on as `kube::Error::Service`; its
+/// category is `not_leader`.
+#[derive(Debug, thiserror::Error)]
+#[error("{method} {path} not sent: this process is not the leader, or its renew deadline passed")]
+pub struct Fenced {
+    pub method: String,
+    pub path: String,
+}
 
 /// HTTP status codes the controller gives a meaning to.
 pub mod code {
@@ -163,6 +173,11 @@ impl Category {
     }
 
     fn of_api(err: &kube::Error) -> Category {
+        if let kube::Error::Service(inner) = err
+            && inner.is::<Fenced>()
+        {
+            return Category::NotLeader;
+        }
         status_code(err).map_or(Category::Transport, Category::of_status)
     }
 
@@ -201,14 +216,8 @@ impl Error {
             Error::CacheNotReady(_) => Category::CacheNotReady,
             Error::Contended { .. } => Category::Contended,
             Error::Encode { .. } | Error::Request { .. } => Category::Internal,
-            Error::Election {
-                source: kube_lease_manager::LeaseManagerError::KubeError(source),
-                ..
-            } => Category::of_api(source),
-            Error::Election { .. }
-            | Error::Stopped(_)
-            | Error::Joined { .. }
-            | Error::Serve { .. } => Category::Task,
+            Error::Election { source, .. } => Category::of_api(source),
+            Error::Stopped(_) | Error::Joined { .. } | Error::Serve { .. } => Category::Task,
             Error::Config(_) => Category::Config,
             Error::LeadershipLost | Error::NotLeader => Category::NotLeader,
         }

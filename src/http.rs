@@ -1,10 +1,13 @@
-//! The HTTP endpoints: `/metrics` on the metrics address; `/healthz` (alive) and `/readyz` (caches
-//! synced, not shutting down) on the probe address. Readiness does not depend on leadership, so a
-//! standby replica is ready and rolling updates of a two-replica Deployment proceed.
+//! The HTTP endpoints: `/metrics` on the metrics address; `/healthz` (making progress, see
+//! [`Liveness`]) and `/readyz` (caches synced, not shutting down) on the probe address. Neither
+//! depends on leadership, so a standby replica is live and ready, and rolling updates of a
+//! two-replica Deployment proceed.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
@@ -13,6 +16,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::info;
 
 use futures::future::BoxFuture;
@@ -22,11 +26,86 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 
+/// A watch with no new WATCH request for this long is stuck. A live watch sends one at least every
+/// 290 s (the `timeoutSeconds` after which the API server ends it), and every ≤ 2 s while the API
+/// server fails; twice that and more is never reached by a quiet cluster or an outage.
+pub const WATCH_SILENCE_MAX: Duration = Duration::from_secs(600);
+
+/// A pass running this long is stuck: every API call of a pass ends within kube's read timeout
+/// (295 s), and a pass makes few of them in a row.
+pub const PASS_MAX: Duration = Duration::from_secs(600);
+
+/// How long a controller's longest running pass has been running (its runner's `longest_pass`).
+type LongestPass = Arc<dyn Fn() -> Option<Duration> + Send + Sync>;
+
+/// What `/healthz` checks: the process is making progress. It fails (503, the body naming what is
+/// stuck) when a watch has sent no WATCH request for [`WATCH_SILENCE_MAX`] (it is no longer
+/// polled: events would never arrive), or a pass has been running for [`PASS_MAX`] (it holds its
+/// object, and its slot of the controller's concurrency, forever). An idle cluster, an API server
+/// that is down, and a standby replica fail neither: a restart would not help them.
+#[derive(Clone, Default)]
+pub struct Liveness {
+    /// How long each controller's longest running pass has been running.
+    passes: Vec<(&'static str, LongestPass)>,
+}
+
+impl Liveness {
+    /// Checks the passes of `controller`; `longest` is its runner's `longest_pass`.
+    pub fn pass(
+        &mut self,
+        controller: &'static str,
+        longest: impl Fn() -> Option<Duration> + Send + Sync + 'static,
+    ) {
+        self.passes.push((controller, Arc::new(longest)));
+    }
+
+    /// What is stuck now; empty when the process makes progress.
+    pub fn stuck(&self) -> Vec<String> {
+        let watched = crate::api_metrics::watched()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut stuck = silent_watches(&watched, Instant::now(), WATCH_SILENCE_MAX);
+        for (controller, longest) in &self.passes {
+            if let Some(running) = longest().filter(|d| *d >= PASS_MAX) {
+                stuck.push(format!(
+                    "a {controller} pass has been running for {} s",
+                    running.as_secs()
+                ));
+            }
+        }
+        stuck
+    }
+}
+
+/// The watches (by resource) whose last WATCH request was sent `bound` or longer before `now`.
+pub fn silent_watches(
+    watched: &HashMap<String, Instant>,
+    now: Instant,
+    bound: Duration,
+) -> Vec<String> {
+    let mut silent: Vec<String> = watched
+        .iter()
+        .map(|(resource, at)| (resource, now.saturating_duration_since(*at)))
+        .filter(|(_, silence)| *silence >= bound)
+        .map(|(resource, silence)| {
+            format!(
+                "the watch of {resource} has sent no request for {} s",
+                silence.as_secs()
+            )
+        })
+        .collect();
+    silent.sort();
+    silent
+}
+
 /// What the endpoints read.
 #[derive(Clone)]
 pub struct Probe {
     /// See [`readiness`].
     pub ready: Arc<AtomicBool>,
+    /// See [`Liveness`].
+    pub live: Arc<Liveness>,
     pub metrics: Arc<Metrics>,
     /// Collectors of gauges computed at scrape time from the caches of the controllers that run
     /// (each controller's folder has its own), encoded after the families of `metrics`.
@@ -110,7 +189,7 @@ pub fn metrics_router(probe: Probe) -> Router {
 
 pub fn probes_router(probe: Probe) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(probe)
 }
@@ -124,6 +203,15 @@ pub async fn serve(
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(|source| Error::Serve { what, source })
+}
+
+async fn healthz(State(probe): State<Probe>) -> impl IntoResponse {
+    let stuck = probe.live.stuck();
+    if stuck.is_empty() {
+        (StatusCode::OK, "ok".to_string())
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, stuck.join("\n") + "\n")
+    }
 }
 
 async fn readyz(State(probe): State<Probe>) -> impl IntoResponse {
@@ -164,6 +252,55 @@ pub fn exposition(metrics: &Metrics, gauges: &Registry) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A watch is stuck only once its last request is as old as the bound; a quiet watch that the
+    /// API server ended and the watcher restarted 290 s ago is not.
+    #[test]
+    fn a_watch_is_stuck_once_it_has_sent_nothing_for_the_bound() {
+        let now = Instant::now() + Duration::from_secs(3600);
+        let watched = HashMap::from([
+            ("pods".to_string(), now - Duration::from_secs(290)),
+            ("statefulsets".to_string(), now - WATCH_SILENCE_MAX),
+            (
+                "persistentvolumeclaims".to_string(),
+                now - Duration::from_secs(2),
+            ),
+        ]);
+        assert_eq!(
+            silent_watches(&watched, now, WATCH_SILENCE_MAX),
+            ["the watch of statefulsets has sent no request for 600 s"]
+        );
+    }
+
+    /// `/healthz` answers 503 naming the stuck pass, and `ok` when no pass runs too long.
+    #[tokio::test]
+    async fn healthz_fails_while_a_pass_is_stuck() {
+        use std::sync::Mutex;
+        let longest = Arc::new(Mutex::new(None));
+        let mut live = Liveness::default();
+        let read = longest.clone();
+        live.pass("scaledown", move || *read.lock().expect("lock"));
+        let probe = Probe {
+            ready: Arc::new(AtomicBool::new(true)),
+            live: Arc::new(live),
+            metrics: Arc::new(Metrics::default()),
+            gauges: Arc::new(Registry::default()),
+        };
+        let answer = |probe: Probe| async move {
+            let response = healthz(State(probe)).await.into_response();
+            let status = response.status();
+            let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+                .await
+                .expect("body");
+            (status, String::from_utf8_lossy(&body).into_owned())
+        };
+        *longest.lock().expect("lock") = Some(PASS_MAX - Duration::from_secs(1));
+        assert_eq!(answer(probe.clone()).await, (StatusCode::OK, "ok".into()));
+        *longest.lock().expect("lock") = Some(PASS_MAX);
+        let (status, body) = answer(probe).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, "a scaledown pass has been running for 600 s\n");
+    }
 
     #[test]
     fn bind_addresses_as_controller_runtime() {

@@ -1,26 +1,34 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease.
 //!
-//! kube-lease-manager acquires, renews and releases the Lease. It keeps reporting "leader" while the
-//! API server cannot be reached, so this module adds the renew deadline: the leader may write only
-//! until `renewTime + renew deadline` (by the local clock) of the last renewal it saw on the Lease.
-//! The deadline is shorter than the lease duration, so a leader that cannot renew stops writing
-//! before any other replica can take over; it then exits non-zero (fail-stop) and restarts as a
-//! candidate. Standbys keep their caches warm and write nothing.
+//! As client-go's leader election: every retry period each replica reads the Lease and, if it is
+//! ours, free or expired, writes it with the resourceVersion it read ([`lease`]), so two candidates
+//! cannot both take it over. The leader may write only until the instant its last successful
+//! renewal was sent plus the renew deadline, by its own clock ([`Leadership::may_write`], checked
+//! for every write by [`crate::fence`]). A renewal that fails or is slow is retried every retry
+//! period until then; only a deadline that passes without a renewal ends leadership. The deadline is
+//! shorter than the lease duration, and another replica counts the lease duration from when it saw
+//! that renewal (no later than it was sent), so a leader that cannot renew stops writing before
+//! anyone can take over; it then exits non-zero (fail-stop) and restarts as a candidate. Standbys
+//! keep their caches warm and write nothing.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::Api;
-use kube_lease_manager::{LeaseCreateMode, LeaseManagerBuilder};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::MissedTickBehavior;
+use tokio::time::error::Elapsed;
 use tokio_util::sync::CancellationToken;
 // Tokio's clock: the same as std's in production, and one a test can pause and advance.
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
+
+mod lease;
+
+use lease::{Attempt, Elector};
 
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -73,7 +81,15 @@ impl Leadership {
         self.changes.subscribe()
     }
 
-    fn set(&self, leading: bool, until: Option<Instant>) {
+    /// Until when this process leads, if it does (with election).
+    fn term(&self) -> Option<Instant> {
+        if !self.leading.load(Ordering::SeqCst) {
+            return None;
+        }
+        *self.until.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn set(&self, leading: bool, until: Option<Instant>) {
         *self.until.lock().unwrap_or_else(|p| p.into_inner()) = until;
         let was = self.leading.swap(leading, Ordering::SeqCst);
         if was != leading {
@@ -81,9 +97,6 @@ impl Leadership {
         }
     }
 }
-
-/// How long one read of the Lease may take before it counts as failed (not confirmed).
-const LEASE_READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long the release of the Lease may take at shutdown (within the process's shutdown grace).
 const RELEASE_TIMEOUT: Duration = Duration::from_millis(400);
@@ -101,6 +114,10 @@ pub struct ElectionConfig {
 
 /// Takes part in the election until `shutdown` resolves (then releases the Lease and returns Ok)
 /// or leadership is lost (then returns `Err`, and the process should exit non-zero).
+///
+/// Every retry period it tries to acquire or renew the Lease ([`Elector`]). A leader's attempt may
+/// take until its renew deadline: a slow or failed attempt is retried at the next tick, and only a
+/// deadline that passes without a renewal (or a Lease someone else holds) ends leadership.
 pub async fn run(
     client: Client,
     config: ElectionConfig,
@@ -109,105 +126,103 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     tokio::pin!(shutdown);
-    let lease_secs = config.lease_duration.as_secs().max(2);
-    let deadline_secs = config.renew_deadline.as_secs().clamp(1, lease_secs - 1);
-    let build = LeaseManagerBuilder::new(client.clone(), &config.lease_name)
-        .with_namespace(&config.namespace)
-        .with_identity(&config.identity)
-        .with_duration(lease_secs)
-        // Renew halfway to the deadline (grace is counted back from expiry), so a renewal always
-        // lands well before writes would stop.
-        .with_grace(lease_secs - (deadline_secs / 2).max(1))
-        .with_create_mode(LeaseCreateMode::AutoCreate)
-        .build();
-    // Building reads (or creates) the Lease: an API call that may never answer.
-    let manager = tokio::select! {
-        _ = &mut shutdown => return Ok(()),
-        built = build => built.map_err(|source| Error::Election {
-            lease: format!("{}/{}", config.namespace, config.lease_name),
-            source,
-        })?,
-    };
-    let (mut manager_says, task) = manager.watch().await;
-    let leases: Api<Lease> = Api::namespaced(client, &config.namespace);
-    let deadline = Duration::from_secs(deadline_secs);
+    let mut elector = Elector::new(Api::namespaced(client, &config.namespace), &config);
+    let deadline = config.renew_deadline;
     let mut tick = tokio::time::interval(config.retry_period.max(Duration::from_millis(200)));
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     info!(lease = %config.lease_name, namespace = %config.namespace, identity = %config.identity, "waiting for leadership");
 
     let outcome = loop {
         tokio::select! {
             _ = &mut shutdown => break Ok(()),
-            changed = manager_says.changed() => {
-                if changed.is_err() {
-                    break Err(Error::Stopped("the lease manager"));
-                }
-            }
             _ = tick.tick() => {}
         }
-        let holds = *manager_says.borrow_and_update();
-        let until = if holds {
-            confirmed_until(&leases, &config, deadline).await
-        } else {
-            None
+        let term = leadership.term();
+        // A candidate's attempt may take one renew deadline; a leader's, what is left of its term.
+        let limit = term.map_or(deadline, |until| {
+            until.saturating_duration_since(Instant::now())
+        });
+        let attempt = tokio::select! {
+            _ = &mut shutdown => break Ok(()),
+            attempt = tokio::time::timeout(limit, elector.try_acquire_or_renew()) => attempt,
         };
-        let leading = until.is_some_and(|u| Instant::now() < u);
-        let was_leading = leadership.leading.load(Ordering::SeqCst);
-        if leading && !was_leading {
-            info!(identity = %config.identity, "became the leader");
-            metrics.set_leader(true);
+        match judge(term, attempt, deadline) {
+            Step::Lead(until) => {
+                if term.is_none() {
+                    info!(identity = %config.identity, "became the leader");
+                    metrics.set_leader(true);
+                }
+                leadership.set(true, Some(until));
+            }
+            Step::Wait => {}
+            Step::Lost(why) => {
+                leadership.set(false, None);
+                metrics.set_leader(false);
+                warn!(identity = %config.identity, why, "lost leadership; exiting");
+                break Err(Error::LeadershipLost);
+            }
         }
-        if was_leading && !leading {
-            leadership.set(false, None);
-            metrics.set_leader(false);
-            warn!(identity = %config.identity, "lost leadership (not renewed within the deadline, or taken over); exiting");
-            break Err(Error::LeadershipLost);
-        }
-        leadership.set(leading, until);
     };
 
-    // Stop writing first, then let the manager release the Lease (dropping the receiver does it).
+    // Stop writing first, then give the Lease up, so that a standby need not wait for it to expire.
+    let leading = leadership.term().is_some();
     leadership.set(false, None);
     metrics.set_leader(false);
-    drop(manager_says);
-    match tokio::time::timeout(RELEASE_TIMEOUT, task).await {
-        Ok(Ok(Ok(_))) => info!("released the leader Lease"),
-        Ok(Ok(Err(e))) => warn!(error = %e, "could not release the leader Lease"),
-        Ok(Err(e)) => warn!(error = %e, "lease task failed"),
-        Err(_) => warn!("releasing the leader Lease timed out"),
+    if leading {
+        match tokio::time::timeout(RELEASE_TIMEOUT, elector.release()).await {
+            Ok(Ok(())) => info!("released the leader Lease"),
+            Ok(Err(e)) => warn!(error = %e, "could not release the leader Lease"),
+            Err(_) => warn!("releasing the leader Lease timed out"),
+        }
     }
     outcome
 }
 
-/// Until when our last renewal seen on the Lease lets us write: `renewTime + deadline` mapped to a
-/// local instant. `None` if the Lease is not ours or cannot be read.
-async fn confirmed_until(
-    leases: &Api<Lease>,
-    config: &ElectionConfig,
+/// What one attempt means for this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// Lead (go on leading), writing until this instant.
+    Lead(Instant),
+    /// Stay a candidate.
+    Wait,
+    /// Leadership is lost: the process must stop.
+    Lost(&'static str),
+}
+
+/// The next step after an attempt (`Err(Elapsed)`: it did not answer in time), for a process that
+/// leads until `term` (`None`: a candidate). A failed or slow attempt costs a leader nothing while
+/// its term lasts; it is tried again at the next tick.
+fn judge(
+    term: Option<Instant>,
+    attempt: std::result::Result<kube::Result<Attempt>, Elapsed>,
     deadline: Duration,
-) -> Option<Instant> {
-    let read = tokio::time::timeout(LEASE_READ_TIMEOUT, leases.get(&config.lease_name));
-    let lease = match read.await {
-        Ok(Ok(lease)) => lease,
-        Ok(Err(e)) => {
-            warn!(error = %e, "cannot read the leader Lease");
-            return None;
+) -> Step {
+    let now = Instant::now();
+    match (attempt, term) {
+        (Ok(Ok(Attempt::Ours { sent })), _) if now < sent + deadline => Step::Lead(sent + deadline),
+        (Ok(Ok(Attempt::Held(_))), Some(_)) => Step::Lost("the Lease is held by another replica"),
+        (Ok(Ok(Attempt::Held(holder))), None) => {
+            debug!(%holder, "the Lease is held by another replica");
+            Step::Wait
         }
-        Err(_) => {
-            // A read that hangs (a connection that died while the process was frozen) must not
-            // keep a leader that cannot confirm itself.
-            warn!(timeout = ?LEASE_READ_TIMEOUT, "reading the leader Lease timed out");
-            return None;
+        (failed, Some(until)) if now < until => {
+            warn!(outcome = %describe(&failed), left = ?until - now, "renewing the leader Lease failed; retrying until the renew deadline");
+            Step::Lead(until)
         }
-    };
-    let spec = lease.spec?;
-    if spec.holder_identity.as_deref() != Some(config.identity.as_str()) {
-        return None;
+        (_, Some(_)) => Step::Lost("not renewed within the renew deadline"),
+        (failed, None) => {
+            debug!(outcome = %describe(&failed), "could not acquire the Lease");
+            Step::Wait
+        }
     }
-    let renewed: SystemTime = spec.renew_time?.0.into();
-    let age = SystemTime::now()
-        .duration_since(renewed)
-        .unwrap_or(Duration::ZERO);
-    deadline.checked_sub(age).map(|left| Instant::now() + left)
+}
+
+fn describe(attempt: &std::result::Result<kube::Result<Attempt>, Elapsed>) -> String {
+    match attempt {
+        Ok(Ok(_)) => "acquired too late".to_string(),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "no answer in time".to_string(),
+    }
 }
 
 /// Runs the election ([`run`]) as a task of its own, until `stop`.
@@ -240,42 +255,4 @@ pub fn became_leader(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The deadline is read on the paused clock: writes stop exactly at it, not some time later.
-    #[tokio::test(start_paused = true)]
-    async fn writes_stop_at_the_renew_deadline_by_the_local_clock() {
-        assert!(
-            Leadership::always().may_write(),
-            "without election this process always writes"
-        );
-        let l = Leadership::elected();
-        assert!(!l.may_write(), "a candidate does not write");
-        l.set(true, Some(Instant::now() + Duration::from_millis(50)));
-        tokio::time::advance(Duration::from_millis(49)).await;
-        assert!(l.may_write(), "1 ms before the deadline");
-        tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(
-            !l.may_write(),
-            "at the deadline, even before the election task notices"
-        );
-        l.set(true, Some(Instant::now() + Duration::from_secs(10)));
-        assert!(l.may_write(), "a renewal moves the deadline");
-        l.set(false, None);
-        assert!(!l.may_write(), "not leading");
-    }
-
-    #[test]
-    fn becoming_leader_is_announced() {
-        let l = Leadership::elected();
-        let mut rx = l.subscribe();
-        l.set(true, Some(Instant::now() + Duration::from_secs(1)));
-        assert!(rx.has_changed().unwrap_or(false) && *rx.borrow_and_update());
-        l.set(true, Some(Instant::now() + Duration::from_secs(2)));
-        assert!(
-            !rx.has_changed().unwrap_or(true),
-            "a renewal is not a change"
-        );
-    }
-}
+mod tests;

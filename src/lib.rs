@@ -13,7 +13,8 @@
 //! claims and pods (`caches`, on the indexed caches of `index`, restored after errors by
 //! `resuming`), the pass runner and the reporter of every controller (`pass`, `report`), the
 //! wiring (`app`, and nothing else), flags (`cli`) and their checks (`settings`),
-//! logs (`telemetry`), signals and the bounded shutdown (`shutdown`), leader election (`leader`),
+//! logs (`telemetry`), signals and the bounded shutdown (`shutdown`), leader election (`leader`) and
+//! the write fence on the client (`fence`),
 //! HTTP (`http`), metrics (`metrics`, `api_metrics`, `process`), outcomes (`reason`), errors
 //! (`error`), compatibility strings (`naming`), JSON patches (`apijson`), pod templates
 //! (`template`) and `kubectl scaledown` (`plugin`).
@@ -24,6 +25,7 @@ pub mod app;
 pub mod caches;
 pub mod cli;
 pub mod error;
+pub mod fence;
 pub mod http;
 pub mod index;
 pub mod leader;

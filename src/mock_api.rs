@@ -4,6 +4,7 @@
 //! API server is what the e2e tests are for.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use http::{Request, Response};
 use kube::Client;
@@ -90,14 +91,23 @@ pub fn serve<F>(answer: F) -> (Client, Log)
 where
     F: Fn(&Sent) -> Answer + Send + Sync + 'static,
 {
+    serve_slow(move |sent| (answer(sent), Duration::ZERO))
+}
+
+/// As [`serve`], but each answer is sent after its delay (on tokio's clock, which a test may pause),
+/// while later requests are recorded and answered meanwhile. A request is recorded when it arrives.
+pub fn serve_slow<F>(answer: F) -> (Client, Log)
+where
+    F: Fn(&Sent) -> (Answer, Duration) + Send + Sync + 'static,
+{
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let log = Log::default();
     let recorded = log.clone();
     tokio::spawn(async move {
         while let Some((request, respond)) = handle.next_request().await {
             let sent = record(request).await;
-            let (code, body) = if sent.is_event() {
-                (201, sent.body.clone())
+            let ((code, body), delay) = if sent.is_event() {
+                ((201, sent.body.clone()), Duration::ZERO)
             } else {
                 answer(&sent)
             };
@@ -111,7 +121,14 @@ where
                 .header("content-type", "application/json")
                 .body(Body::from(serde_json::to_vec(&body).unwrap_or_default()))
                 .expect("a response from a status code and bytes");
-            respond.send_response(response);
+            if delay.is_zero() {
+                respond.send_response(response);
+            } else {
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    respond.send_response(response);
+                });
+            }
         }
     });
     (Client::new(service, "default"), log)

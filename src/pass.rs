@@ -7,7 +7,7 @@
 //! A controller's `reconcile` is `runner.run(&object, ctx.pass(&object))`; its `error_policy` is
 //! `runner.error_policy(&object)`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -95,7 +95,7 @@ pub struct Runner<K: Resource> {
     metrics: Arc<Metrics>,
     reporter: Arc<Reporter>,
     /// Passes running now.
-    running: watch::Sender<usize>,
+    running: Passes,
     /// Objects whose last pass failed; an entry goes with the next good pass, or once its wait is
     /// long over (the object may be gone), so the map holds failing objects only.
     failing: Mutex<HashMap<ObjectRef<K>, Failing>>,
@@ -116,7 +116,7 @@ where
             backoff,
             metrics,
             reporter,
-            running: watch::Sender::new(0),
+            running: Passes::default(),
             failing: Mutex::new(HashMap::new()),
         }
     }
@@ -159,8 +159,19 @@ where
 
     /// Resolves once no pass is running.
     pub async fn idle(&self) {
-        let mut running = self.running.subscribe();
+        let mut running = self.running.count.subscribe();
         let _ = running.wait_for(|n| *n == 0).await;
+    }
+
+    /// How long the pass running longest has been running, if one runs (for `/healthz`).
+    pub fn longest_pass(&self) -> Option<Duration> {
+        let started = self.running.started();
+        started.1.values().next().map(|at| at.elapsed())
+    }
+
+    /// The controller this runner runs passes of.
+    pub fn controller(&self) -> Controller {
+        self.controller
     }
 
     /// Forgets what was remembered of `object` (it was deleted): its backoff, and what its
@@ -198,7 +209,7 @@ where
         let category = err.category();
         let (failures, delay) = self.count(key, category);
         warn!(controller = self.controller.as_str(), object = %key, category = category.as_str(), failures, retry_in = ?delay, "pass failed: {err}");
-        if failures < 2 || matches!(err, Error::NotLeader | Error::LeadershipLost) {
+        if failures < 2 || category == Category::NotLeader {
             return;
         }
         let note = format!(
@@ -281,18 +292,41 @@ where
 }
 
 /// Counts one running pass for as long as it lives (also when it is dropped half-way).
-struct Running<'a>(&'a watch::Sender<usize>);
+/// The passes running now: how many (shutdown waits for none), and since when each (by start
+/// order, so the first is the oldest: the liveness probe looks at it).
+#[derive(Default)]
+struct Passes {
+    count: watch::Sender<usize>,
+    started: Mutex<(u64, BTreeMap<u64, Instant>)>,
+}
+
+impl Passes {
+    fn started(&self) -> std::sync::MutexGuard<'_, (u64, BTreeMap<u64, Instant>)> {
+        self.started.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One running pass, counted in [`Passes`] until it is dropped.
+struct Running<'a>(&'a Passes, u64);
 
 impl<'a> Running<'a> {
-    fn new(count: &'a watch::Sender<usize>) -> Self {
-        count.send_modify(|n| *n += 1);
-        Running(count)
+    fn new(passes: &'a Passes) -> Self {
+        let id = {
+            let mut started = passes.started();
+            started.0 += 1;
+            let id = started.0;
+            started.1.insert(id, Instant::now());
+            id
+        };
+        passes.count.send_modify(|n| *n += 1);
+        Running(passes, id)
     }
 }
 
 impl Drop for Running<'_> {
     fn drop(&mut self) {
-        self.0.send_modify(|n| *n = n.saturating_sub(1));
+        self.0.started().1.remove(&self.1);
+        self.0.count.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
