@@ -514,6 +514,11 @@ async fn failing_cleanup_is_retried_then_given_up() {
     assert_eq!(cleanup_uids.len(), 2, "two attempts: {cleanup_uids:?}");
     assert!(pods.deletion_of(&kept).is_none(), "the given-up pod stays");
     // Deleting the given-up pod starts a fresh series.
+    env.ns.allow_more_cleanup_creates(
+        "web",
+        1,
+        "the test deletes the given-up pod web-1, which starts a fresh series at attempt 1",
+    );
     env.pods()
         .delete("web-1", &DeleteParams::default())
         .await
@@ -547,6 +552,11 @@ async fn a_cleanup_pod_deleted_by_a_user_is_recreated() {
         "",
     ));
     env.create_running(&spec).await;
+    env.ns.allow_more_cleanup_creates(
+        "web",
+        1,
+        "the test deletes the running cleanup pod web-1 once; its attempt starts over",
+    );
     env.scale("web", 1).await;
     let first = env.wait_cleanup_pod("web-1").await;
     env.pods()
