@@ -436,8 +436,8 @@ fn claim_facts(
 /// - no ownerReference names another object than `set`, and
 /// - no other set of the namespace still wants the ordinal its name gives for that set, and
 /// - it carries `set`'s matchLabels and no other set that could own it by name has its matchLabels
-///   on it too, or it carries no set's matchLabels at all (made by hand) and no other set could own
-///   it by name.
+///   on it too, or it carries no labels at all (made by hand) and no other set could own it by
+///   name. Labels that are not `set`'s prove it another set's, even of a set deleted since.
 ///
 /// `others` are the other sets of the namespace that could own the claim by name or whose
 /// matchLabels it carries (`scaledown::watch::Stores::slice` gathers them).
@@ -484,12 +484,29 @@ pub fn claim_ownership(
             other.name
         ));
     }
+    // Every claim a StatefulSet made carries that set's labels; one deleted since is no longer
+    // among `others`, so labels that are not this set's prove the claim someone else's.
+    if !labels.is_empty() {
+        return Some(format!(
+            "it carries labels ({}) but not this set's selector labels ({}): another StatefulSet's claim, maybe of one deleted since (add this set's labels to it if it is this set's)",
+            pairs(labels.iter()),
+            pairs(set.match_labels.iter())
+        ));
+    }
     by_name.first().map(|o| {
         format!(
             "StatefulSet {} makes a claim of the same name and the claim carries neither set's selector labels",
             o.name
         )
     })
+}
+
+/// `k=v` pairs, comma separated.
+fn pairs<'a>(labels: impl Iterator<Item = (&'a String, &'a String)>) -> String {
+    labels
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The facts of a StatefulSet object on its own.

@@ -389,10 +389,20 @@ fn ownership_of_a_claim_is_proven_by_labels_and_owners_not_by_name() {
             None,
         ),
         (
-            "made by hand with labels of no set",
+            "made by hand with labels that are not db's",
             &[],
             with(json!({"team": "a"}), Value::Null),
-            None,
+            Some(
+                "it carries labels (team=a) but not this set's selector labels (app=db): another StatefulSet's claim, maybe of one deleted since (add this set's labels to it if it is this set's)",
+            ),
+        ),
+        (
+            "kept by my-db after a scale-down, and my-db deleted since",
+            &[],
+            with(json!({"app": "my-db"}), Value::Null),
+            Some(
+                "it carries labels (app=my-db) but not this set's selector labels (app=db): another StatefulSet's claim, maybe of one deleted since (add this set's labels to it if it is this set's)",
+            ),
         ),
         (
             "owned by db itself (whenDeleted: Delete)",
@@ -439,5 +449,5 @@ fn ownership_of_a_claim_is_proven_by_labels_and_owners_not_by_name() {
         shared.is_some_and(|w| w.contains("of this set and of StatefulSet my-db")),
         "labels both sets carry prove neither"
     );
-    assert_eq!(checked, 8);
+    assert_eq!(checked, 9);
 }
