@@ -66,8 +66,10 @@ e2e-faults:
 	$(CARGO) build --locked --bins --test e2e_faults
 	SCALEDOWN_REAL_NODE=0 hack/with-cluster.sh $(CARGO) test --locked --test e2e_faults -- --test-threads=1
 
-## chaos: seeded chaos rounds with an invariant checker (tests/chaos.rs) on the local control plane;
-## the same SEED replays the same actions. Do not run it beside other e2e tests on one cluster: its
+## chaos: seeded chaos rounds with an invariant checker (tests/chaos.rs) on the local control plane,
+## each under a perturbation of the controllers' views (Sieve proxies: a watch delayed or coalesced,
+## or a SIGKILL right after the n-th write of a kind), printed per round and counted at the end;
+## the same SEED replays the same perturbations and actions. Do not run it beside other e2e tests on one cluster: its
 ## controllers watch every namespace.
 ROUNDS ?= 20
 SEED ?= $(shell date +%s)
@@ -75,8 +77,8 @@ chaos:
 	$(CARGO) build --locked --bins --test chaos
 	SCALEDOWN_REAL_NODE=0 hack/with-cluster.sh $(CARGO) test --locked --test chaos -- --rounds $(ROUNDS) --seed $(SEED)
 
-## chaos-ci: a few chaos rounds with a fixed seed, for `make test` (seed 42: forged pods on wanted and
-## orphaned ordinals, SIGKILLs and failovers; no API server restart, see `make chaos`)
+## chaos-ci: a few chaos rounds with a fixed seed, for `make test` (seed 42: the pod watch delayed
+## 1.5, 2 and 3 s, forged pods, SIGKILLs, scale to zero and back; no API server restart, see `make chaos`)
 chaos-ci:
 	$(MAKE) chaos ROUNDS=3 SEED=42
 

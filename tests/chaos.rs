@@ -1,20 +1,28 @@
 //! `make chaos ROUNDS=N SEED=S`: a seeded chaos run against the local control plane, with an
 //! invariant checker over a recording of everything that happened.
 //!
-//! Five StatefulSets in two namespaces (OrderedReady and Parallel, one and two claim templates, one
-//! whose cleanup always fails) and two controller instances with leader election. Each round does a
-//! seeded mix of scale-downs and scale-ups, SIGKILLed instances, leader failovers, API server
-//! restarts, user-deleted cleanup pods, and forged pods: pods made by this runner that look like
-//! cleanup pods (name, label, owner, claims and attempt annotations), on orphaned and on wanted
-//! ordinals. Then it scales every set to a final size and waits until the controllers are idle.
-//! Watches record every pod, claim and set change during the whole run; after each round the
-//! checker looks at the claims deleted in it (see `chaos/check.rs` for invariants 1 and 2), and
+//! Seven StatefulSets in two namespaces (OrderedReady and Parallel, one and two claim templates,
+//! one whose cleanup always fails, and two whose claim names collide, `data` + `my-db` and
+//! `data-my` + `db`, the second not taking part) and two controller instances with leader
+//! election, each talking to the API server through a Sieve proxy of its own (`chaos/perturb.rs`).
+//! Each round runs under a perturbation drawn from the seed (none, one resource's watch delayed or
+//! coalesced, or the writer SIGKILLed right after its n-th write of a kind) and does a seeded mix
+//! of scale-downs and scale-ups, SIGKILLed instances, leader failovers, API server restarts,
+//! user-deleted cleanup pods, forged pods (made by this runner to look like cleanup pods, on
+//! orphaned and on wanted ordinals), and routine operations (`chaos/routine.rs`): a set deleted
+//! with orphan, foreground or background propagation and created again under the same name, scale
+//! to zero and back, claims made by hand or owned by a ConfigMap, a namespace deleted whole.
+//! Then it scales every set to a final size and waits until the controllers are idle.
+//! Watches record every pod, claim and set change during the whole run, and the proxies every
+//! write of the controllers; after each round the checker looks at the claims deleted and the
+//! pods the controllers deleted in it (see `chaos/check.rs` for invariants 1, 2, 6 and 7), and
 //! the round fails invariant 3 if it did not settle with no cleanup pod left. At the end every set
 //! is deleted (invariant 4).
 //!
-//! Output: the seed first, one line per round (violations on their own lines before it), and last
-//! `chaos: N rounds, seed S, V violations`; the exit code is 0 only without violations. The same
-//! seed gives the same actions (`--plan-only` prints them without a cluster). Arguments:
+//! Output: the seed first, per round its perturbation (`round 3: perturbation: pod watch delayed
+//! 2000 ms`) and one line when it is done (violations on their own lines before it), the counts
+//! of perturbations, and last `chaos: N rounds, seed S, V violations`; the exit code is 0 only without violations. The same
+//! seed gives the same perturbations and actions (`--plan-only` prints them without a cluster). Arguments:
 //! `--rounds N --seed S [--quiesce-timeout SECS] [--plan-only]`, or
 //! `ROUNDS`, `SEED` in the environment. The recording is written to `target/chaos/seed-S.jsonl`,
 //! the controllers' logs to `target/e2e-logs/chaos-{a,b}.log`.
@@ -25,10 +33,14 @@ mod support;
 mod actions;
 #[path = "chaos/check.rs"]
 mod check;
+#[path = "chaos/perturb.rs"]
+mod perturb;
 #[path = "chaos/plan.rs"]
 mod plan;
 #[path = "chaos/record.rs"]
 mod record;
+#[path = "chaos/routine.rs"]
+mod routine;
 #[path = "chaos/settle.rs"]
 mod settle;
 #[path = "chaos/world.rs"]
@@ -110,6 +122,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    match plan::self_test() {
+        Ok(n) => println!(
+            "chaos: plan self-test: {n} rounds drawn twice alike, every perturbation and action drawn, within bounds"
+        ),
+        Err(e) => {
+            println!("chaos: plan self-test FAILED: {e}");
+            return ExitCode::from(2);
+        }
+    }
     if options.plan_only {
         print_plans(&options);
         return ExitCode::SUCCESS;
@@ -142,7 +163,8 @@ fn print_plans(options: &Options) {
             .map(|(pause, a)| format!("+{pause}ms {}", Named(a, &sets)))
             .collect();
         println!(
-            "round {round}: {} | finals {:?}",
+            "round {round}: perturbation: {} | {} | finals {:?}",
+            plan.perturbation,
             actions.join(", "),
             plan.finals
         );
@@ -217,13 +239,33 @@ async fn run(options: &Options) -> (usize, usize) {
         })
         .collect();
     found.extend(checker.claims(&world, "final"));
+    found.extend(checker.pod_deletes(&mut world, "final"));
     checker.report(&found);
     println!(
         "chaos: control plane: {} claim(s) left Terminating by pvc-protection were touched",
         world.touched_claims.len()
     );
+    print_perturbations(&world);
     world.teardown(options.seed).await;
     (rounds_run, checker.violations)
+}
+
+/// The perturbations of the run: rounds per kind, stops armed and fired, and the proxies' sums.
+fn print_perturbations(world: &World) {
+    let counts: Vec<String> = world
+        .proxies
+        .counts
+        .iter()
+        .map(|(kind, n)| format!("{kind} {n}"))
+        .collect();
+    let (armed, fired) = world.proxies.stops;
+    println!(
+        "chaos: perturbations (rounds): {}; stop-after-write fired in {fired} of {armed} rounds",
+        counts.join(", ")
+    );
+    for line in world.proxies.summary() {
+        println!("chaos: {line}");
+    }
 }
 
 /// One round; returns whether it settled.
@@ -237,6 +279,9 @@ async fn run_round(
     let t0 = Instant::now();
     world.recorder.set_round(round);
     let plan = plan_round(rng, &world.sets);
+    println!("round {round}: perturbation: {}", plan.perturbation);
+    let pids = world.pids.clone();
+    world.proxies.apply(&plan.perturbation, &pids);
     world.top_up_pvs(true).await;
     let mut notes = Vec::new();
     let mut exits = Vec::new();
@@ -245,14 +290,16 @@ async fn run_round(
         tokio::time::sleep(Duration::from_millis(*pause)).await;
         exits.extend(world.controllers.revive());
         let note = world.act(action).await;
-        if note.starts_with("HARNESS") {
+        if note.starts_with("HARNESS") || note.starts_with("STALL") {
             harness.push(note.clone());
         }
         notes.push(format!("{} -> {note}", Named(action, &world.sets)));
     }
     let settled = world.quiesce(&plan.finals, options.quiesce_timeout).await;
+    let perturbed = world.proxies.end();
     let label = round.to_string();
     let mut found = checker.claims(world, &label);
+    found.extend(checker.pod_deletes(world, &label));
     let at = world.recorder_elapsed();
     let violation = |invariant: u8, text: String| Violation {
         invariant,
@@ -271,7 +318,10 @@ async fn run_round(
             "DID NOT SETTLE".to_string()
         }
     };
-    found.extend(harness.into_iter().map(|text| violation(0, text)));
+    found.extend(harness.into_iter().map(|text| {
+        let invariant = if text.starts_with("STALL") { 4 } else { 0 };
+        violation(invariant, text)
+    }));
     for line in world.controllers.panics().into_iter().skip(checker.panics) {
         checker.panics += 1;
         found.push(violation(5, format!("controller panicked: {line}")));
@@ -285,9 +335,10 @@ async fn run_round(
         .collect();
     let stats = &checker.last;
     println!(
-        "round {round}/{} {:.1} s: [{}] finals [{}]; {quiesce}; {} claims deleted, {} cleanup pods, {} forged, unplanned controller exits [{}]; {} violations",
+        "round {round}/{} {:.1} s: perturbation: {} ({perturbed}); [{}] finals [{}]; {quiesce}; {} claims deleted, {} cleanup pods, {} forged, unplanned controller exits [{}]; {} violations",
         options.rounds,
         t0.elapsed().as_secs_f64(),
+        plan.perturbation,
         notes.join(", "),
         finals.join(" "),
         stats.claims_deleted,
@@ -350,6 +401,18 @@ impl Checker {
         self.checked = records.len();
         self.last = stats;
         found
+    }
+
+    /// Check (6) on the pod deletes the controllers sent since the last check.
+    fn pod_deletes(&mut self, world: &mut World, round: &str) -> Vec<Violation> {
+        let deletes = world.proxies.take_pod_deletes();
+        check::check_pod_deletes(
+            &world.recorder.snapshot(),
+            &deletes,
+            &world.forged,
+            &world.background_sets,
+            round,
+        )
     }
 
     fn report(&mut self, found: &[Violation]) {

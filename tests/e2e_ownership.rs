@@ -61,23 +61,7 @@ fn cleanup_pods_seen(pods: &support::recorder::Recorder<Pod>) -> BTreeSet<String
 #[tokio::test(flavor = "multi_thread")]
 async fn claims_kept_by_a_set_that_does_not_take_part_are_left_alone() {
     let env = Env::new("own-kept", 3, &[]).await;
-    let mut keeper = SetSpec::new("my-db", 3, &env.class);
-    keeper.template = None;
-    keeper.parallel = true;
-    env.create_pods_running(&keeper).await;
-    env.scale("my-db", 0).await;
-    for n in 0..3 {
-        support::wait_for_gone(&env.pods(), &format!("my-db-{n}"), LONG).await;
-    }
-    let mut kept = Vec::new();
-    for n in 0..3 {
-        kept.push(env.claim_uid(&format!("data-my-db-{n}")).await);
-    }
-    assert!(
-        kept.iter().all(Option::is_some),
-        "my-db's claims exist: {kept:?}"
-    );
-
+    let kept = keep_claims(&env).await;
     let claims = env.record_claims().await;
     let pods = env.record_pods().await;
     let mut db = SetSpec::new("db", 0, &env.class);
@@ -102,6 +86,66 @@ async fn claims_kept_by_a_set_that_does_not_take_part_are_left_alone() {
             .any(|n| n.contains("selector labels of StatefulSet my-db")),
         "the Warning says why: {notes:?}"
     );
+}
+
+/// Found by `make chaos` (seed 42, the final deletion of every set; issue 23 item 7): once the set
+/// that kept the claims is deleted (here with orphan propagation, as to change an immutable field
+/// and apply the set again), its labels on the kept claims are no set's any more, and the
+/// opted-in set `db` cleans and deletes the claims. They are still the deleted set's (its
+/// retention policy keeps them); nothing proves them `db`'s. Fails on the controller at be36c94:
+/// at its next resync `db` creates cleanup pods for the kept ordinals (`db-2` and `db-1` within
+/// the window in the run that confirmed it) and goes on to delete the claims.
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_kept_by_a_deleted_set_are_left_alone() {
+    // Deleting `my-db` does not wake `db`: its next resync does.
+    let mut env = Env::new("own-kept-gone", 3, &["--resync-period", "2s"]).await;
+    let kept = keep_claims(&env).await;
+    let mut db = SetSpec::new("db", 0, &env.class);
+    db.claim_templates = &["data-my"];
+    db.template = Some(ok_template().replace(r#""name":"data""#, r#""name":"data-my""#));
+    env.create(&db).await;
+    wait_stalled(&env, "db", "ClaimOwnershipConflict").await;
+    let claims = env.record_claims().await;
+    let pods = env.record_pods().await;
+    let orphan = kube::api::DeleteParams {
+        propagation_policy: Some(kube::api::PropagationPolicy::Orphan),
+        ..Default::default()
+    };
+    env.sets()
+        .delete("my-db", &orphan)
+        .await
+        .expect("delete my-db (orphan)");
+    support::wait_for_gone(&env.sets(), "my-db", LONG).await;
+    let ns = env.ns.name.clone();
+    // Two resyncs of `db` at least after `my-db` is gone.
+    env.controller().wait_reconciles(&ns, "db", 6).await;
+    assert_eq!(cleanup_pods_seen(&pods), BTreeSet::new(), "no cleanup pod");
+    assert_eq!(deleted_claims(&claims), BTreeSet::new(), "no claim deleted");
+    for (n, uid) in kept.iter().enumerate() {
+        assert_eq!(&env.claim_uid(&format!("data-my-db-{n}")).await, uid);
+    }
+}
+
+/// `my-db` (not taking part, template `data`) with three running replicas, scaled to zero: its
+/// claims `data-my-db-0..2` are kept on purpose. Returns their UIDs.
+async fn keep_claims(env: &Env) -> Vec<Option<String>> {
+    let mut keeper = SetSpec::new("my-db", 3, &env.class);
+    keeper.template = None;
+    keeper.parallel = true;
+    env.create_pods_running(&keeper).await;
+    env.scale("my-db", 0).await;
+    for n in 0..3 {
+        support::wait_for_gone(&env.pods(), &format!("my-db-{n}"), LONG).await;
+    }
+    let mut kept = Vec::new();
+    for n in 0..3 {
+        kept.push(env.claim_uid(&format!("data-my-db-{n}")).await);
+    }
+    assert!(
+        kept.iter().all(Option::is_some),
+        "my-db's claims exist: {kept:?}"
+    );
+    kept
 }
 
 /// Before the set exists: `data-web-1` is made by hand without labels (pre-provisioned, a known

@@ -28,6 +28,11 @@ impl World {
                 self.controllers.failover(&client).await
             }
             Action::RestartApiserver => restart_apiserver().await,
+            Action::Recreate { set, how } => self.recreate(set, how).await,
+            Action::ZeroAndBack { set, back_after } => self.zero_and_back(set, back_after).await,
+            Action::HandMadeClaim { set, ordinal } => self.make_claim(set, ordinal, false).await,
+            Action::ForeignClaim { set, ordinal } => self.make_claim(set, ordinal, true).await,
+            Action::DeleteNamespace { replicas } => self.delete_namespace(replicas).await,
         }
     }
 

@@ -9,6 +9,13 @@
 //!     claim's UID, was seen Succeeded before.
 //! (3) and (4) are checked on the live cluster by the runner (nothing left after quiescing; every
 //!     set deletable).
+//! (6) No pod that was never a cleanup pod (a stateful pod) is deleted by the controller, unless
+//!     the set that owned it was deleted with background propagation: in particular no pod of an
+//!     orphan-deleted set. Who deleted is known from the controllers' Sieve proxies, which log
+//!     every write of the controllers (a delete with its UID precondition and the answer).
+//! (7) No claim that is not proven a taking-part set's is deleted, by anyone: a claim owned by
+//!     another object (an ownerReference to a ConfigMap), or one carrying the labels of a set that
+//!     does not take part (claims kept on purpose after a scale-down), whatever its name.
 //!
 //! Times are revisions of the one etcd (see `record`), each change known within `(after, rv]`;
 //! a violation is reported only if it holds at every revision the change may have happened at.
@@ -48,10 +55,18 @@ pub struct Layout<'a> {
 }
 
 impl Layout<'_> {
-    /// The set and ordinal a claim belongs to (`<template>-<set>-<ordinal>`).
-    fn claim_owner(&self, ns: &str, claim: &str) -> Option<(usize, u32)> {
+    /// The set and ordinal a claim belongs to (`<template>-<set>-<ordinal>`): the set whose `app`
+    /// label it carries if that set's names fit, else the first whose names fit.
+    fn claim_owner(&self, ns: &str, claim: &str, app: Option<&str>) -> Option<(usize, u32)> {
+        self.name_owner(ns, claim, app)
+            .or_else(|| self.name_owner(ns, claim, None))
+    }
+
+    fn name_owner(&self, ns: &str, claim: &str, only: Option<&str>) -> Option<(usize, u32)> {
         self.sets.iter().enumerate().find_map(|(i, s)| {
-            if self.namespaces.get(s.ns).map(String::as_str) != Some(ns) {
+            if self.namespaces.get(s.ns).map(String::as_str) != Some(ns)
+                || only.is_some_and(|app| app != s.name)
+            {
                 return None;
             }
             s.claim_templates.iter().find_map(|t| {
@@ -77,6 +92,8 @@ struct PodLife<'a> {
     gone: Option<(u64, u64)>,
     vanished_unseen: bool,
     claims: BTreeSet<&'a str>,
+    /// The UID of the StatefulSet its ownerReference last named.
+    owner_set: Option<&'a str>,
 }
 
 #[derive(Clone, Copy)]
@@ -112,12 +129,15 @@ pub struct Stats {
 struct History<'a> {
     pods: HashMap<(&'a str, &'a str), Vec<PodLife<'a>>>,
     sets: HashMap<(&'a str, &'a str), Vec<SetState>>,
+    /// Claims by UID: the last `app` label and ownerReference seen on them.
+    claims: HashMap<&'a str, (Option<&'a str>, Option<&'a (String, String)>)>,
 }
 
 fn build<'a>(records: &'a [Obs], forged: &HashSet<String>) -> History<'a> {
     let mut pods: HashMap<&str, PodLife<'a>> = HashMap::new();
     let mut pod_names: Vec<(&str, &str, &str)> = Vec::new();
     let mut sets: HashMap<(&str, &str), Vec<SetState>> = HashMap::new();
+    let mut claims = HashMap::new();
     for obs in records {
         match obs.kind {
             Kind::Pod => {
@@ -134,8 +154,14 @@ fn build<'a>(records: &'a [Obs], forged: &HashSet<String>) -> History<'a> {
                         gone: None,
                         vanished_unseen: false,
                         claims: BTreeSet::new(),
+                        owner_set: None,
                     }
                 });
+                if let Some((kind, uid)) = &obs.owner_ref
+                    && kind == "StatefulSet"
+                {
+                    life.owner_set = Some(uid);
+                }
                 life.looks_cleanup |= obs.looks_like_cleanup();
                 life.claims.extend(obs.claims.values().map(String::as_str));
                 if obs.phase.as_deref() == Some("Succeeded") && life.succeeded.is_none() {
@@ -159,7 +185,14 @@ fn build<'a>(records: &'a [Obs], forged: &HashSet<String>) -> History<'a> {
                     replicas: obs.replicas.unwrap_or(0),
                     deleting: obs.deleting,
                 }),
-            Kind::Claim => {}
+            Kind::Claim => {
+                // Labels and owners are kept from the last record that had them (a claim missing
+                // from a relist is known by its UID only).
+                let facts: &mut (Option<&str>, Option<&(String, String)>) =
+                    claims.entry(obs.uid.as_str()).or_default();
+                facts.0 = obs.app.as_deref().or(facts.0);
+                facts.1 = obs.owner_ref.as_ref().or(facts.1);
+            }
         }
     }
     for states in sets.values_mut() {
@@ -174,6 +207,7 @@ fn build<'a>(records: &'a [Obs], forged: &HashSet<String>) -> History<'a> {
     History {
         pods: by_name,
         sets,
+        claims,
     }
 }
 
@@ -218,7 +252,28 @@ pub fn check_claims(
         if !range.contains(&index) {
             continue;
         }
-        let Some((set, ordinal)) = layout.claim_owner(&obs.ns, &obs.name) else {
+        let (app, owner_ref) = history
+            .claims
+            .get(obs.uid.as_str())
+            .copied()
+            .unwrap_or_default();
+        if let Some(why) = not_proven(app, owner_ref, layout) {
+            stats.claims_deleted += 1;
+            violations.push(Violation {
+                invariant: 7,
+                round: round.to_string(),
+                at: obs.at,
+                text: format!(
+                    "claim {}/{} (uid {}) deleted at rv {} [record #{index}]: {why}",
+                    obs.ns,
+                    obs.name,
+                    short(&obs.uid),
+                    obs.rv
+                ),
+            });
+            continue;
+        }
+        let Some((set, ordinal)) = layout.claim_owner(&obs.ns, &obs.name, app) else {
             continue;
         };
         stats.claims_deleted += 1;
@@ -231,6 +286,100 @@ pub fn check_claims(
         violations.extend(check_deletion(&history, &deletion, layout, round));
     }
     (violations, stats)
+}
+
+/// Why a claim is not any taking-part set's to delete, if it is not.
+fn not_proven(
+    app: Option<&str>,
+    owner_ref: Option<&(String, String)>,
+    layout: &Layout,
+) -> Option<String> {
+    if let Some((kind, uid)) = owner_ref
+        && kind != "StatefulSet"
+    {
+        return Some(format!("it is owned by {kind} {}", short(uid)));
+    }
+    let app = app?;
+    layout
+        .sets
+        .iter()
+        .find(|s| s.name == app && !s.opted_in)
+        .map(|s| {
+            format!(
+                "it carries the labels of set {}, which does not take part and keeps its claims",
+                s.name
+            )
+        })
+}
+
+/// A pod delete the controller sent (through its Sieve proxy) and the API server answered.
+#[derive(Clone, Debug)]
+pub struct PodDelete {
+    pub at: Duration,
+    pub instance: String,
+    pub ns: String,
+    pub name: String,
+    /// The delete's UID precondition.
+    pub uid: Option<String>,
+    pub status: u16,
+}
+
+/// Check (6) for the pod deletes of the controllers in `deletes`: a successful delete of a pod
+/// that never looked like a cleanup pod, whose set (last named by its ownerReference) is not one
+/// of `background` (UIDs of the sets deleted with background propagation), is a violation.
+pub fn check_pod_deletes(
+    records: &[Obs],
+    deletes: &[PodDelete],
+    forged: &HashSet<String>,
+    background: &HashSet<String>,
+    round: &str,
+) -> Vec<Violation> {
+    let history = build(records, forged);
+    let mut out = Vec::new();
+    for d in deletes.iter().filter(|d| (200..300).contains(&d.status)) {
+        let lives = history
+            .pods
+            .get(&(d.ns.as_str(), d.name.as_str()))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        // The pod it names, or (no precondition) the last one of that name.
+        let life = match &d.uid {
+            Some(uid) => lives.iter().find(|p| p.uid == uid),
+            None => lives.last(),
+        };
+        let Some(life) = life else { continue };
+        if life.looks_cleanup || life.forged {
+            continue;
+        }
+        if life.owner_set.is_some_and(|set| background.contains(set)) {
+            continue;
+        }
+        let owner = match life.owner_set {
+            Some(set) => format!(
+                "owned by set uid {}, not deleted in the background",
+                short(set)
+            ),
+            None => "owned by no set (orphaned)".to_string(),
+        };
+        out.push(Violation {
+            invariant: 6,
+            round: round.to_string(),
+            at: d.at,
+            text: format!(
+                "{} deleted stateful pod {}/{} uid {} ({owner}){}",
+                d.instance,
+                d.ns,
+                d.name,
+                short(life.uid),
+                if d.uid.is_none() {
+                    ", with no UID precondition"
+                } else {
+                    ""
+                }
+            ),
+        });
+    }
+    out
 }
 
 fn check_deletion(h: &History, d: &Deletion, layout: &Layout, round: &str) -> Vec<Violation> {
@@ -358,33 +507,119 @@ pub fn short(uid: &str) -> &str {
 /// Runs the checker on synthetic recordings with known answers; returns the number of cases, or
 /// what went wrong. Guards against a checker that cannot fail (or always fails).
 pub fn self_test() -> Result<usize, String> {
-    let sets = vec![SetDef {
-        ns: 0,
-        name: "web",
-        claim_templates: &["data"],
-        parallel: true,
-        failing: false,
-        max: 4,
-        initial: 3,
-    }];
+    let sets = self_test_sets();
     let namespaces = vec!["ns".to_string()];
     let layout = Layout {
         sets: &sets,
         namespaces: &namespaces,
     };
-    let cases = self_test_cases();
+    let mut cases = self_test_cases();
+    cases.extend(ownership_cases());
     for (name, records, forged, want) in &cases {
         let forged: HashSet<String> = forged.iter().map(|s| s.to_string()).collect();
         let (found, _) = check_claims(records, 0..records.len(), &forged, &layout, "self-test");
-        let got: Vec<u8> = found.iter().map(|v| v.invariant).collect();
-        if got != *want {
-            let texts: Vec<String> = found.iter().map(ToString::to_string).collect();
-            return Err(format!(
-                "case '{name}': expected violations {want:?}, got {got:?}: {texts:?}"
-            ));
-        }
+        expect(name, &found, want)?;
+    }
+    Ok(cases.len() + self_test_pod_deletes()?)
+}
+
+fn expect(case: &str, found: &[Violation], want: &[u8]) -> Result<(), String> {
+    let got: Vec<u8> = found.iter().map(|v| v.invariant).collect();
+    if got == want {
+        return Ok(());
+    }
+    let texts: Vec<String> = found.iter().map(ToString::to_string).collect();
+    Err(format!(
+        "case '{case}': expected violations {want:?}, got {got:?}: {texts:?}"
+    ))
+}
+
+/// `web` takes part; `kept` does not (its claims are kept on purpose).
+fn self_test_sets() -> Vec<SetDef> {
+    let def = |name, opted_in| SetDef {
+        ns: 0,
+        name,
+        claim_templates: &["data"],
+        parallel: true,
+        failing: false,
+        opted_in,
+        max: 4,
+        initial: 3,
+    };
+    vec![def("web", true), def("kept", false)]
+}
+
+/// Check (6) on a synthetic recording: stateful pod `web-0` of set `set-uid`, cleanup pod `web-2`.
+fn self_test_pod_deletes() -> Result<usize, String> {
+    let mut stateful = synthetic(Kind::Pod, "web-0", "s0", 9, 10);
+    stateful.phase = Some("Running".into());
+    stateful.owner_ref = Some(("StatefulSet".into(), "set-uid".into()));
+    let mut orphaned = stateful.clone();
+    (orphaned.after, orphaned.rv, orphaned.owner_ref) = (11, 12, None);
+    let records = vec![stateful, orphaned, pod("c2", 2, 20, "Succeeded")];
+    let delete = |name: &str, uid: Option<&str>, status| PodDelete {
+        at: Duration::ZERO,
+        instance: "chaos-a".into(),
+        ns: "ns".into(),
+        name: name.into(),
+        uid: uid.map(str::to_string),
+        status,
+    };
+    let cases: Vec<(&str, PodDelete, Vec<&str>, Vec<u8>)> = vec![
+        (
+            "stateful pod of an orphan-deleted set",
+            delete("web-0", Some("s0"), 200),
+            vec![],
+            vec![6],
+        ),
+        (
+            "stateful pod of a background-deleted set",
+            delete("web-0", Some("s0"), 200),
+            vec!["set-uid"],
+            vec![],
+        ),
+        (
+            "stateful pod, no UID precondition",
+            delete("web-0", None, 200),
+            vec![],
+            vec![6],
+        ),
+        (
+            "stateful pod, refused",
+            delete("web-0", Some("s0"), 409),
+            vec![],
+            vec![],
+        ),
+        (
+            "a cleanup pod",
+            delete("web-2", Some("c2"), 200),
+            vec![],
+            vec![],
+        ),
+    ];
+    for (name, d, background, want) in &cases {
+        let background: HashSet<String> = background.iter().map(|s| s.to_string()).collect();
+        let found = check_pod_deletes(
+            &records,
+            std::slice::from_ref(d),
+            &HashSet::new(),
+            &background,
+            "self-test",
+        );
+        expect(name, &found, want)?;
     }
     Ok(cases.len())
+}
+
+/// A claim seen with `app` and `owner_ref`, then deleted.
+fn labelled_claim_deleted(name: &str, app: Option<&str>, owner: Option<&str>) -> Vec<Obs> {
+    let mut seen = synthetic(Kind::Claim, name, "claim-x", 19, 20);
+    seen.app = app.map(str::to_string);
+    seen.owner_ref = owner.map(|o| ("ConfigMap".to_string(), o.to_string()));
+    let mut gone = synthetic(Kind::Claim, name, "claim-x", 29, 30);
+    gone.how = How::Deleted;
+    gone.deleting = true;
+    vec![set(10, 3, false), seen, gone]
 }
 
 type Case = (&'static str, Vec<Obs>, Vec<&'static str>, Vec<u8>);
@@ -556,6 +791,36 @@ fn self_test_cases() -> Vec<Case> {
             ],
             vec![],
             vec![],
+        ),
+    ]
+}
+
+/// Claims whose names fit but that are not a taking-part set's (7), and one that is.
+fn ownership_cases() -> Vec<Case> {
+    vec![
+        (
+            "foreign-owned claim named like an orphaned ordinal",
+            labelled_claim_deleted("data-web-7", None, Some("cm-uid")),
+            vec![],
+            vec![7],
+        ),
+        (
+            "kept claim of a set that does not take part",
+            labelled_claim_deleted("data-kept-1", Some("kept"), None),
+            vec![],
+            vec![7],
+        ),
+        (
+            "kept claim whose name also fits a set that takes part",
+            labelled_claim_deleted("data-web-5", Some("kept"), None),
+            vec![],
+            vec![7],
+        ),
+        (
+            "hand-made claim of an orphaned ordinal, no cleanup pod",
+            labelled_claim_deleted("data-web-5", None, None),
+            vec![],
+            vec![2],
         ),
     ]
 }

@@ -76,6 +76,10 @@ pub struct Obs {
     pub node: Option<String>,
     /// StatefulSets: `spec.replicas`.
     pub replicas: Option<i32>,
+    /// Pods and claims: the `app` label (the sets' `selector.matchLabels`).
+    pub app: Option<String>,
+    /// Pods and claims: the first ownerReference, `(kind, uid)`.
+    pub owner_ref: Option<(String, String)>,
 }
 
 impl Obs {
@@ -98,6 +102,8 @@ impl Obs {
             attempt: None,
             node: None,
             replicas: None,
+            app: None,
+            owner_ref: None,
         }
     }
 
@@ -118,7 +124,8 @@ impl Obs {
             "ns": self.ns, "name": self.name, "uid": self.uid, "after": self.after, "rv": self.rv,
             "phase": self.phase, "deleting": self.deleting, "cleanup_label": self.cleanup_label,
             "owner": self.owner, "claims": self.claims, "attempt": self.attempt,
-            "node": self.node, "replicas": self.replicas,
+            "node": self.node, "replicas": self.replicas, "app": self.app,
+            "owner_ref": self.owner_ref,
         })
     }
 }
@@ -188,6 +195,14 @@ fn observe<K: Watched>(obj: &K, how: How, after: u64) -> Obs {
     );
     obj.fill(&mut obs);
     obs.deleting |= meta.deletion_timestamp.is_some();
+    if K::KIND != Kind::Set {
+        obs.app = obj.labels().get("app").cloned();
+        obs.owner_ref = meta
+            .owner_references
+            .as_ref()
+            .and_then(|refs| refs.first())
+            .map(|r| (r.kind.clone(), r.uid.clone()));
+    }
     obs
 }
 
@@ -206,6 +221,11 @@ impl Recorder {
             round: Arc::new(AtomicUsize::new(0)),
             start,
         }
+    }
+
+    /// When the run started (the zero of every `at`).
+    pub fn start(&self) -> Instant {
+        self.start
     }
 
     pub fn set_round(&self, round: usize) {

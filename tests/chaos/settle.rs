@@ -1,14 +1,16 @@
 //! The end of a round (every set at its final size, the controllers idle) and the end of the run
 //! (every set deleted).
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
+use super::routine::kept_on_purpose;
 use super::world::{Snapshot, World, attempt, cleanup_template, looks_like_cleanup, phase};
 
 const POLL: Duration = Duration::from_millis(500);
@@ -45,11 +47,16 @@ impl World {
         loop {
             self.controllers.revive();
             self.top_up_pvs(false).await;
+            let doomed = self.doomed_left().await;
             let unsettled = match self.snapshot().await {
                 Ok(snap) => {
+                    self.create_missing(&snap).await;
                     self.retire_forged(&snap).await;
                     self.release_failed_wanted(&snap).await;
-                    let unsettled = self.unsettled(&snap);
+                    let mut unsettled = self.unsettled(&snap);
+                    unsettled
+                        .other
+                        .extend(doomed.into_iter().map(|d| format!("{d} not gone")));
                     self.nudge_unready(&snap).await;
                     self.touch_forgotten_claims(&snap).await;
                     unsettled
@@ -73,7 +80,7 @@ impl World {
     /// A forged pod gets 5 s after it finished (more than a leader takeover) for the controller to
     /// (mis)handle it, then a user
     /// deletes it: the StatefulSet cannot bring its ordinal back while it holds the name.
-    async fn retire_forged(&mut self, snap: &Snapshot) {
+    pub async fn retire_forged(&mut self, snap: &Snapshot) {
         let mut keep = Vec::new();
         for (set, name, uid) in std::mem::take(&mut self.live_forged) {
             let Some(pod) = snap.pods.iter().find(|p| p.uid().as_deref() == Some(&uid)) else {
@@ -94,6 +101,26 @@ impl World {
             }
         }
         self.live_forged = keep;
+    }
+
+    /// A set that a deletion of a round took longer than the round to remove is created again
+    /// when it is gone (the round reported the stall).
+    async fn create_missing(&mut self, snap: &Snapshot) {
+        for i in 0..self.sets.len() {
+            let ns = &self.ns_names[self.sets[i].ns];
+            let there = snap
+                .sets
+                .iter()
+                .any(|s| s.name_any() == self.sets[i].name && s.namespace().as_ref() == Some(ns));
+            if !there {
+                let created = self.create_set(i, self.replicas[i]).await;
+                eprintln!(
+                    "chaos: {} was gone; created again: {:?}",
+                    self.sets[i].name,
+                    created.map(|s| s.uid())
+                );
+            }
+        }
     }
 
     /// The StatefulSet controller backs off (up to minutes) while a pod it does not own holds an
@@ -186,6 +213,45 @@ impl World {
         }
     }
 
+    /// The set and ordinal of a claim: the set whose `app` label it carries if its names fit,
+    /// else the first whose names fit.
+    fn claim_set(&self, claim: &PersistentVolumeClaim) -> Option<(usize, u32)> {
+        let ns = claim.namespace().unwrap_or_default();
+        let owners = self.claim_owners(&ns, &claim.name_any());
+        let app = claim.labels().get("app").map(String::as_str);
+        owners
+            .iter()
+            .find(|(i, _)| Some(self.sets[*i].name) == app)
+            .or(owners.first())
+            .copied()
+    }
+
+    /// The ordinals the controller leaves alone on purpose, whole (namespace, set, ordinal): one of
+    /// their claims is another object's or a set's that keeps its claims (every set whose names
+    /// fit it), or (`in_use`) its name also fits another set that still uses that ordinal.
+    fn left_alone(
+        &self,
+        claims: &[PersistentVolumeClaim],
+        in_use: bool,
+    ) -> HashSet<(String, usize, u32)> {
+        let mut out = HashSet::new();
+        for claim in claims {
+            let ns = claim.namespace().unwrap_or_default();
+            let owners = self.claim_owners(&ns, &claim.name_any());
+            if kept_on_purpose(claim, &self.sets) {
+                out.extend(owners.iter().map(|&(i, n)| (ns.clone(), i, n)));
+            } else if let Some((set, ordinal)) = self.claim_set(claim)
+                && in_use
+                && owners
+                    .iter()
+                    .any(|&(j, n)| j != set && (n as i32) < self.replicas[j])
+            {
+                out.insert((ns.clone(), set, ordinal));
+            }
+        }
+        out
+    }
+
     fn unsettled(&self, snap: &Snapshot) -> Unsettled {
         let mut out = Unsettled::default();
         let given_up = |p: &Pod| phase(p) == "Failed" && attempt(p) >= 2;
@@ -212,11 +278,15 @@ impl World {
                 ));
             }
         }
+        let left_alone = self.left_alone(&snap.claims, true);
         for claim in &snap.claims {
             let ns = claim.namespace().unwrap_or_default();
-            let Some((set, ordinal)) = self.owner_of(&ns, &claim.name_any(), true) else {
+            let Some((set, ordinal)) = self.claim_set(claim) else {
                 continue;
             };
+            if left_alone.contains(&(ns.clone(), set, ordinal)) {
+                continue;
+            }
             if ordinal as i32 >= self.replicas[set] {
                 let def = &self.sets[set];
                 let held = snap.pods.iter().any(|p| {
@@ -295,8 +365,11 @@ impl World {
             }
         }
         for i in 0..self.sets.len() {
-            let deleted = self
-                .api::<StatefulSet>(i)
+            let api = self.api::<StatefulSet>(i);
+            if let Ok(Some(set)) = api.get_opt(self.sets[i].name).await {
+                self.background_sets.insert(set.uid().unwrap_or_default());
+            }
+            let deleted = api
                 .delete(self.sets[i].name, &DeleteParams::background())
                 .await;
             if let Err(e) = deleted {
@@ -327,10 +400,18 @@ impl World {
                 .map(|s| self.describe_left(s, &snap))
                 .collect();
             if left.is_empty() {
+                let left_alone = self.left_alone(&snap.claims, false);
                 problems.extend(
                     snap.claims
                         .iter()
-                        .filter(|c| c.metadata.deletion_timestamp.is_none())
+                        .filter(|c| {
+                            let ns = c.namespace().unwrap_or_default();
+                            c.metadata.deletion_timestamp.is_none()
+                                && !kept_on_purpose(c, &self.sets)
+                                && !self
+                                    .claim_set(c)
+                                    .is_some_and(|(i, n)| left_alone.contains(&(ns, i, n)))
+                        })
                         .map(|c| {
                             format!(
                                 "claim {}/{} outlived its set",

@@ -12,6 +12,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, P
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use super::perturb::{Pids, Proxies};
 use super::plan::{INSTANCES, SetDef, instance_name};
 use super::record::{ATTEMPT, CLEANUP_LABEL, OWNER, Recorder};
 use crate::support::fixtures::{Controller, SetSpec, template};
@@ -65,6 +66,16 @@ pub struct World {
     pub touched_claims: HashSet<String>,
     pub recorder: Recorder,
     pub watches: Vec<tokio::task::JoinHandle<()>>,
+    /// The controllers' Sieve proxies, and the PIDs of the instances behind them.
+    pub proxies: Proxies,
+    pub pids: Pids,
+    /// UIDs of the sets the runner deleted with background propagation (their stateful pods are
+    /// the controller's to delete).
+    pub background_sets: HashSet<String>,
+    /// Per namespace index, the UID of the ConfigMap that owns the foreign claims.
+    pub foreign_owners: HashMap<usize, String>,
+    /// Namespaces the runner deleted that were not gone yet at the last look.
+    pub doomed: Vec<String>,
 }
 
 impl World {
@@ -79,7 +90,10 @@ impl World {
             .create_static_pvs("pv", 0, Reclaim::Delete)
             .await;
         let watches = recorder.watch_all(&cluster.client, &ns_names);
-        let controllers = Controllers::start(&cluster.kubeconfig, &ns_names[0]);
+        let proxies = Proxies::start(&cluster.kubeconfig, recorder.start()).await;
+        let pids = Pids::default();
+        let kubeconfigs = (0..INSTANCES).map(|i| proxies.kubeconfig(i)).collect();
+        let controllers = Controllers::start(kubeconfigs, &ns_names[0], pids.clone());
         let replicas = sets.iter().map(|s| s.initial).collect();
         let mut world = World {
             cluster,
@@ -99,10 +113,18 @@ impl World {
             touched_claims: HashSet::new(),
             recorder,
             watches,
+            proxies,
+            pids,
+            background_sets: HashSet::new(),
+            foreign_owners: HashMap::new(),
+            doomed: Vec::new(),
         };
         world.top_up_pvs(true).await;
         for i in 0..world.sets.len() {
-            world.create_set(i).await;
+            let replicas = world.sets[i].initial;
+            if let Err(e) = world.create_set(i, replicas).await {
+                panic!("chaos: {e}");
+            }
         }
         world
     }
@@ -119,16 +141,20 @@ impl World {
         Api::namespaced(self.client(), &self.ns_names[self.sets[set].ns])
     }
 
-    async fn create_set(&self, i: usize) {
+    /// Creates set `i` with `replicas`; the set as the API server returned it is recorded.
+    pub async fn create_set(&self, i: usize, replicas: i32) -> Result<StatefulSet, String> {
         let def = &self.sets[i];
-        let mut spec = SetSpec::new(def.name, def.initial, &self.class);
-        spec.template = Some(cleanup_template(def.failing));
+        let mut spec = SetSpec::new(def.name, replicas, &self.class);
+        spec.template = def.opted_in.then(|| cleanup_template(def.failing));
         spec.claim_templates = def.claim_templates;
         spec.parallel = def.parallel;
-        self.api::<StatefulSet>(i)
+        let set = self
+            .api::<StatefulSet>(i)
             .create(&PostParams::default(), &spec.build())
             .await
-            .unwrap_or_else(|e| panic!("chaos: cannot create StatefulSet {}: {e}", def.name));
+            .map_err(|e| format!("cannot create StatefulSet {}: {e}", def.name))?;
+        self.recorder.written(&set);
+        Ok(set)
     }
 
     /// Patches `spec.replicas` of set `i` and records the write.
@@ -216,27 +242,48 @@ impl World {
         self.api::<Pod>(set).delete(name, &params).await.is_ok()
     }
 
+    /// Every set and ordinal whose claim names fit the claim `name` in namespace `ns`
+    /// (`data` + `my-db` and `data-my` + `db` both fit `data-my-db-N`).
+    pub fn claim_owners(&self, ns: &str, name: &str) -> Vec<(usize, u32)> {
+        (0..self.sets.len())
+            .filter_map(|i| self.owner_among(i..i + 1, ns, name, true))
+            .collect()
+    }
+
     /// Which set and ordinal a pod or claim named `name` in namespace `ns` belongs to.
     pub fn owner_of(&self, ns: &str, name: &str, claim: bool) -> Option<(usize, u32)> {
-        self.sets.iter().enumerate().find_map(|(i, s)| {
-            if self.ns_names[s.ns] != ns {
-                return None;
-            }
-            let ordinal = |rest: &str| {
-                let n = rest.strip_prefix(s.name)?.strip_prefix('-')?;
-                n.parse::<u32>()
-                    .ok()
-                    .filter(|_| n == "0" || !n.starts_with('0'))
-            };
-            if claim {
-                s.claim_templates
-                    .iter()
-                    .find_map(|t| ordinal(name.strip_prefix(t)?.strip_prefix('-')?))
-                    .map(|n| (i, n))
-            } else {
-                ordinal(name).map(|n| (i, n))
-            }
-        })
+        self.owner_among(0..self.sets.len(), ns, name, claim)
+    }
+
+    fn owner_among(
+        &self,
+        among: std::ops::Range<usize>,
+        ns: &str,
+        name: &str,
+        claim: bool,
+    ) -> Option<(usize, u32)> {
+        self.sets[among.clone()]
+            .iter()
+            .zip(among)
+            .find_map(|(s, i)| {
+                if self.ns_names[s.ns] != ns {
+                    return None;
+                }
+                let ordinal = |rest: &str| {
+                    let n = rest.strip_prefix(s.name)?.strip_prefix('-')?;
+                    n.parse::<u32>()
+                        .ok()
+                        .filter(|_| n == "0" || !n.starts_with('0'))
+                };
+                if claim {
+                    s.claim_templates
+                        .iter()
+                        .find_map(|t| ordinal(name.strip_prefix(t)?.strip_prefix('-')?))
+                        .map(|n| (i, n))
+                } else {
+                    ordinal(name).map(|n| (i, n))
+                }
+            })
     }
 }
 
@@ -267,15 +314,17 @@ pub fn attempt(pod: &Pod) -> u32 {
 
 /// The two controller instances, with leader election on one Lease, restarted whenever they exit.
 pub struct Controllers {
-    kubeconfig: PathBuf,
+    /// Per instance: the kubeconfig of its Sieve proxy.
+    kubeconfigs: Vec<PathBuf>,
     args: Vec<String>,
     lease_ns: String,
     procs: Vec<Option<Controller>>,
+    pids: Pids,
     pub logs: Vec<PathBuf>,
 }
 
 impl Controllers {
-    fn start(kubeconfig: &std::path::Path, lease_ns: &str) -> Controllers {
+    fn start(kubeconfigs: Vec<PathBuf>, lease_ns: &str, pids: Pids) -> Controllers {
         let args = [
             "--leader-elect",
             "--leader-election-namespace",
@@ -304,11 +353,13 @@ impl Controllers {
         for log in &logs {
             let _ = std::fs::remove_file(log);
         }
+        *pids.running.lock().unwrap_or_else(|e| e.into_inner()) = vec![None; INSTANCES];
         let mut controllers = Controllers {
-            kubeconfig: kubeconfig.to_path_buf(),
+            kubeconfigs,
             args: args.iter().map(|a| a.to_string()).collect(),
             lease_ns: lease_ns.to_string(),
             procs: (0..INSTANCES).map(|_| None).collect(),
+            pids,
             logs,
         };
         for i in 0..INSTANCES {
@@ -320,17 +371,24 @@ impl Controllers {
     fn spawn(&self, i: usize) -> Controller {
         let name = instance_name(i);
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
-        Controller::spawn(&self.kubeconfig, &name, &args, &[("POD_NAME", &name)])
+        let c = Controller::spawn(&self.kubeconfigs[i], &name, &args, &[("POD_NAME", &name)]);
+        self.pids.running.lock().unwrap_or_else(|e| e.into_inner())[i] = c.pid();
+        c
     }
 
-    /// Starts again every instance that exited on its own (a leader that could not renew its
-    /// Lease exits by design); returns what exited.
+    /// Starts again every instance that exited: on its own (a leader that could not renew its
+    /// Lease exits by design) or SIGKILLed by a stop-after-write; returns what exited on its own.
     pub fn revive(&mut self) -> Vec<String> {
         let mut exits = Vec::new();
         for i in 0..INSTANCES {
             let status = self.procs[i].as_mut().and_then(Controller::exited);
             if let Some(status) = status {
-                exits.push(format!("{} exited ({status})", instance_name(i)));
+                let pid = self.pids.running.lock().unwrap_or_else(|e| e.into_inner())[i];
+                let stopped = self.pids.stopped.lock().unwrap_or_else(|e| e.into_inner());
+                if !pid.is_some_and(|p| stopped.contains(&p)) {
+                    exits.push(format!("{} exited ({status})", instance_name(i)));
+                }
+                drop(stopped);
                 self.procs[i] = Some(self.spawn(i));
             }
         }

@@ -23,7 +23,8 @@
 //!   controller in exactly that intermediate state. While a hook is armed, writes are forwarded one
 //!   at a time, so "after the n-th" is exact even when the controller writes concurrently.
 //!
-//! Writes are counted per (verb, resource) ([`Sieve::writes`], [`Sieve::wait_writes`]). Requests
+//! Writes are counted per (verb, resource) ([`Sieve::writes`], [`Sieve::wait_writes`]) and logged
+//! with a delete's UID precondition and the answer's status ([`Sieve::write_log`]). Requests
 //! that are not watches pass through unchanged. Every perturbation is announced when set and
 //! summed up (`[sieve] pods watch delayed 3s: 42 events in 2 watches`) by [`Sieve::summary`], which
 //! is printed when the proxy is dropped.
@@ -240,6 +241,7 @@ struct Shared {
     rules: HashMap<String, WatchRule>,
     stats: BTreeMap<String, WatchStats>,
     writes: BTreeMap<(String, String), usize>,
+    log: Vec<WriteRecord>,
     hooks: Vec<Hook>,
     /// Writes held because a hook fired (`verb resource name`), and the hook that stopped them.
     held: Vec<String>,
@@ -290,6 +292,32 @@ impl StopHook {
     pub fn has_fired(&self) -> bool {
         *self.fired.borrow()
     }
+
+    /// Waits until the hook fired, with no deadline; false if the proxy is gone first.
+    pub async fn wait(&mut self) -> bool {
+        self.fired.wait_for(|f| *f).await.is_ok()
+    }
+
+    /// `write #n (verb resource)`.
+    pub fn what(&self) -> &str {
+        &self.what
+    }
+}
+
+/// One write of the controller that the proxy forwarded and the API server answered.
+#[derive(Clone, Debug)]
+pub struct WriteRecord {
+    pub at: std::time::Instant,
+    pub target: Target,
+    /// `preconditions.uid` of a delete's body, if any.
+    pub uid: Option<String>,
+    pub status: u16,
+}
+
+/// The UID precondition of a delete's body (`DeleteOptions`), if it has one.
+pub fn precondition_uid(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    v["preconditions"]["uid"].as_str().map(str::to_string)
 }
 
 /// The proxy; it stops serving new connections when dropped, and prints its summary then.
@@ -474,6 +502,11 @@ impl Sieve {
         })
     }
 
+    /// Every write answered so far, in the order of the answers.
+    pub fn write_log(&self) -> Vec<WriteRecord> {
+        self.inner.lock().log.clone()
+    }
+
     /// Every write answered so far, per (verb, resource).
     pub fn write_counts(&self) -> BTreeMap<(String, String), usize> {
         self.inner.lock().writes.clone()
@@ -569,7 +602,10 @@ async fn handle(State(inner): State<Arc<Inner>>, req: Request) -> Response {
         Err(e) => return status(400, format!("sieve: bad request: {e}")),
     };
     if target.is_write() {
-        return write(&inner, &target, &body, upstream).await;
+        let uid = (target.verb == "delete")
+            .then(|| precondition_uid(&body))
+            .flatten();
+        return write(&inner, &target, &body, uid, upstream).await;
     }
     let res = match inner.upstream.send(upstream).await {
         Ok(r) => r,
@@ -612,6 +648,7 @@ async fn write(
     inner: &Inner,
     target: &Target,
     body: &[u8],
+    uid: Option<String>,
     upstream: http::Request<kube::client::Body>,
 ) -> Response {
     // Held while a hook fired (until resume); one at a time while a hook is armed.
@@ -641,6 +678,12 @@ async fn write(
     };
     let key = (target.verb.clone(), target.resource.clone());
     let mut shared = inner.lock();
+    shared.log.push(WriteRecord {
+        at: std::time::Instant::now(),
+        target: target.clone(),
+        uid,
+        status: res.status().as_u16(),
+    });
     let count = {
         let c = shared.writes.entry(key).or_default();
         *c += 1;
@@ -867,5 +910,16 @@ mod tests {
         // a: only the last MODIFIED; b: its MODIFIED before DELETED stays; c: ADDED, last MODIFIED.
         assert_eq!(rvs, vec![2, 4, 5, 6, 8]);
         assert_eq!(dropped, 3);
+    }
+
+    #[test]
+    fn delete_preconditions() {
+        let body = json!({"preconditions": {"uid": "u-1"}, "gracePeriodSeconds": 0});
+        assert_eq!(
+            precondition_uid(body.to_string().as_bytes()),
+            Some("u-1".into())
+        );
+        assert_eq!(precondition_uid(b"{}"), None);
+        assert_eq!(precondition_uid(b""), None);
     }
 }
