@@ -6,11 +6,14 @@
 # Same layout: the fully static binary built by hack/build-static.sh at
 # /statefulset-scaledown-controller, /etc/passwd and /etc/group from hack/image/, on an empty base
 # (no shell, no libc), user 65532:65532, ports 8080 and 8081. tests/e2e_image.rs checks that this
-# file and hack/image.sh agree.
+# file and hack/image.sh agree, and runs this file's build stage in a copy of its build context.
 FROM docker.io/library/rust:1.95-bookworm AS build
 ARG GIT_COMMIT=unknown
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
+# The allocator's tuning (jemalloc's malloc_conf, embedded at build time) is cargo configuration:
+# without it the binary would differ from the one of `make image`.
+COPY .cargo/config.toml ./.cargo/
 COPY src ./src
 COPY hack/build-static.sh ./hack/
 RUN SCALEDOWN_GIT_COMMIT="$GIT_COMMIT" hack/build-static.sh /statefulset-scaledown-controller

@@ -138,21 +138,23 @@ pub struct Args {
     #[arg(long, hide = true)]
     pub leader_elect_resource_lock: Option<String>,
 
-    /// Address serving /metrics: HOST:PORT, or :PORT for every interface (as controller-runtime);
-    /// "0" turns it off.
-    #[arg(long, default_value = "0.0.0.0:8080")]
+    /// Address serving /metrics: HOST:PORT, or :PORT for every interface of every address family
+    /// (IPv4 and IPv6, as controller-runtime); "0" turns it off.
+    #[arg(long, default_value = ":8080")]
     pub metrics_bind_address: String,
 
-    /// Address serving /healthz and /readyz: HOST:PORT or :PORT; "0" turns it off.
-    #[arg(long, default_value = "0.0.0.0:8081")]
+    /// Address serving /healthz and /readyz: HOST:PORT or :PORT (every address family); "0" turns
+    /// it off.
+    #[arg(long, default_value = ":8081")]
     pub health_probe_bind_address: String,
 
     /// Log format on stderr; text has colours only on a terminal and without NO_COLOR.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
-    /// Log filter in tracing's EnvFilter syntax (e.g. "info", "statefulset_scaledown_controller=debug").
-    #[arg(long, env = "RUST_LOG", default_value = "info")]
+    /// Log filter in tracing's EnvFilter syntax, every directive with a level (e.g. "info",
+    /// "info,statefulset_scaledown_controller=debug"); an unknown level is a start-up error.
+    #[arg(long, env = "RUST_LOG", default_value = "info", value_parser = crate::telemetry::parse_log_level)]
     pub log_level: String,
 
     /// Accepted for compatibility with the Go original's glog flags; ignored.

@@ -4,7 +4,7 @@
 //! two-replica Deployment proceed.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -136,12 +136,13 @@ pub fn readiness(
 }
 
 /// Parses a bind address flag as controller-runtime does: `"0"` (or empty) means "do not serve",
-/// `":PORT"` every IPv4 interface, else `IP:PORT` (`[::1]:PORT` for IPv6).
+/// `":PORT"` every interface of every address family (`[::]:PORT`, bound dual-stack by [`bind`]),
+/// else `IP:PORT` (`[::1]:PORT` for IPv6).
 pub fn bind_address(flag: &str) -> Result<Option<SocketAddr>> {
     let addr = flag.trim();
     let parsed = match addr {
         "" | "0" => return Ok(None),
-        _ if addr.starts_with(':') => format!("0.0.0.0{addr}").parse(),
+        _ if addr.starts_with(':') => format!("[::]{addr}").parse(),
         _ => addr.parse(),
     };
     parsed.map(Some).map_err(|e| {
@@ -151,13 +152,57 @@ pub fn bind_address(flag: &str) -> Result<Option<SocketAddr>> {
     })
 }
 
-/// Binds `addr` now, so that a busy port fails the start instead of a background task.
+/// Binds `addr` now, so that a busy port fails the start instead of a background task. The IPv6
+/// wildcard `[::]` is bound dual-stack, as Go's `net.Listen` binds it: see [`listen`].
 pub async fn bind(what: &'static str, addr: SocketAddr) -> Result<(&'static str, TcpListener)> {
-    let listener = TcpListener::bind(addr)
-        .await
+    let listener = listen(addr)
+        .and_then(TcpListener::from_std)
         .map_err(|e| Error::Config(format!("cannot serve {what} on {addr}: {e}")))?;
     info!(address = %listener.local_addr().unwrap_or(addr), "serving {what}");
     Ok((what, listener))
+}
+
+/// A listening, non-blocking socket on `addr`. `[::]:PORT` accepts IPv4 and IPv6 connections
+/// (IPV6_V6ONLY off, whatever `net.ipv6.bindv6only` says); where the host has no IPv6 (the
+/// family is not supported, or `[::]` cannot be assigned), it falls back to `0.0.0.0:PORT`.
+fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let addr = if addr.ip() == IpAddr::V6(Ipv6Addr::UNSPECIFIED) {
+        match socket(addr, false) {
+            Err(e) if ipv6_unavailable(&e) => {
+                info!(error = %e, "no IPv6 on this host: binding 0.0.0.0 only");
+                SocketAddr::from((Ipv4Addr::UNSPECIFIED, addr.port()))
+            }
+            bound => return bound,
+        }
+    } else {
+        addr
+    };
+    socket(addr, true)
+}
+
+/// A TCP socket bound to `addr` and listening, IPV6_V6ONLY set to `v6_only` for an IPv6 address.
+fn socket(addr: SocketAddr, v6_only: bool) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(v6_only)?;
+    }
+    // As the standard library and Go do: a restarted process may bind while old connections linger.
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
+}
+
+/// The error says the host has no IPv6: the address family or protocol is not supported
+/// (EAFNOSUPPORT, EPROTONOSUPPORT: a kernel without IPv6, `ipv6.disable=1`) or `[::]` cannot be
+/// assigned (EADDRNOTAVAIL). A busy port or a refused one is not, and fails the start.
+fn ipv6_unavailable(e: &std::io::Error) -> bool {
+    const EPROTONOSUPPORT: i32 = 93;
+    const EAFNOSUPPORT: i32 = 97;
+    e.kind() == std::io::ErrorKind::AddrNotAvailable
+        || matches!(e.raw_os_error(), Some(EAFNOSUPPORT | EPROTONOSUPPORT))
 }
 
 /// Starts the metrics server on `metrics` and the probe server on `probes`, those that are not
@@ -307,11 +352,63 @@ mod tests {
         let addr = |s: &str| bind_address(s).expect(s).map(|a| a.to_string());
         assert_eq!(addr("0"), None);
         assert_eq!(addr(""), None);
-        assert_eq!(addr(":8080").as_deref(), Some("0.0.0.0:8080"));
+        assert_eq!(addr(":8080").as_deref(), Some("[::]:8080"));
         assert_eq!(addr("127.0.0.1:9090").as_deref(), Some("127.0.0.1:9090"));
         assert_eq!(addr("[::1]:8081").as_deref(), Some("[::1]:8081"));
         assert!(bind_address(":http").is_err());
         assert!(bind_address("8080").is_err());
+    }
+
+    /// `:PORT` serves every address family: one listener answers on 127.0.0.1 and on [::1]
+    /// (dual-stack, as controller-runtime); an explicit IPv4 address stays IPv4-only.
+    #[tokio::test]
+    async fn any_interface_is_dual_stack() {
+        let wildcard = bind_address(":0").expect(":0").expect("an address");
+        let (_, listener) = bind("test", wildcard).await.expect("bind [::]:0");
+        let port = listener.local_addr().expect("local address").port();
+        for ip in [
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ] {
+            let connected = tokio::net::TcpStream::connect((ip, port)).await;
+            assert!(connected.is_ok(), "connect {ip}:{port}: {connected:?}");
+        }
+        let v4 = bind_address("127.0.0.1:0")
+            .expect("v4")
+            .expect("an address");
+        let (_, listener) = bind("test", v4).await.expect("bind 127.0.0.1:0");
+        let port = listener.local_addr().expect("local address").port();
+        let v6 = tokio::net::TcpStream::connect((Ipv6Addr::LOCALHOST, port)).await;
+        assert!(v6.is_err(), "127.0.0.1 answered on [::1]");
+    }
+
+    /// Only a missing address family falls back to 0.0.0.0; a busy port fails the start.
+    #[test]
+    fn only_a_missing_ipv6_falls_back_to_ipv4() {
+        use std::io::{Error as IoError, ErrorKind};
+        assert!(ipv6_unavailable(&IoError::from_raw_os_error(97)));
+        assert!(ipv6_unavailable(&IoError::from_raw_os_error(93)));
+        assert!(ipv6_unavailable(&IoError::from(
+            ErrorKind::AddrNotAvailable
+        )));
+        assert!(!ipv6_unavailable(&IoError::from(ErrorKind::AddrInUse)));
+        assert!(!ipv6_unavailable(&IoError::from(
+            ErrorKind::PermissionDenied
+        )));
+    }
+
+    /// A busy port is a start-up error, not a silent fall back to IPv4.
+    #[tokio::test]
+    async fn a_busy_port_fails_the_start() {
+        let (_, held) = bind("test", bind_address(":0").expect(":0").expect("addr"))
+            .await
+            .expect("bind");
+        let port = held.local_addr().expect("local address").port();
+        let again = bind_address(&format!(":{port}"))
+            .expect("flag")
+            .expect("addr");
+        let err = bind("metrics", again).await.expect_err("the port is taken");
+        assert!(err.to_string().contains("cannot serve metrics"), "{err}");
     }
 
     /// The body is OpenMetrics (what the Content-Type says): one `# EOF`, last; the controller's

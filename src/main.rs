@@ -9,7 +9,11 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    telemetry::init_logging(&args);
+    if let Err(e) = telemetry::init_logging(&args) {
+        // clap has checked --log-level already; this is the same check, for the same message.
+        eprintln!("error: --log-level: {e}");
+        std::process::exit(2);
+    }
     // Exits without waiting for tasks that are still running (a request to an API server that never
     // answers): `app::start` has already given them their grace.
     std::process::exit(app::start(args).await);

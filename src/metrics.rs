@@ -42,8 +42,25 @@ pub struct OutcomeLabels {
     pub outcome: &'static str,
 }
 
+/// What the binary is: the crate version and the commit it was built from (build.rs:
+/// `SCALEDOWN_GIT_COMMIT` from the build tooling, else git, else "unknown").
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: &'static str,
+    pub commit: &'static str,
+}
+
+impl BuildLabels {
+    /// This binary's.
+    pub const THIS: BuildLabels = BuildLabels {
+        version: env!("CARGO_PKG_VERSION"),
+        commit: env!("SCALEDOWN_GIT_COMMIT"),
+    };
+}
+
 pub struct Metrics {
     pub registry: Registry,
+    build_info: Family<BuildLabels, Gauge>,
     pv_released: Counter,
     pv_scrubs: Family<OutcomeLabels, Counter>,
     cleanups_started: Counter,
@@ -64,6 +81,7 @@ impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix(PREFIX);
         let m = Metrics {
+            build_info: Family::default(),
             pv_released: Counter::default(),
             pv_scrubs: Family::default(),
             cleanups_started: Counter::default(),
@@ -81,6 +99,7 @@ impl Default for Metrics {
             registry: Registry::default(),
         };
         m.register(&mut registry);
+        m.build_info.get_or_create(&BuildLabels::THIS).set(1);
         // Every label value of the bounded families exists from the start at 0: the families
         // render before their first sample, and `rate()` sees the first increment.
         for controller in Controller::ALL.map(Controller::as_str) {
@@ -161,6 +180,11 @@ impl Metrics {
 
     /// Reconciles, leadership, Events and API requests, shared by every controller.
     fn register_controller(&self, registry: &mut Registry) {
+        registry.register(
+            "build_info",
+            "1, labelled with the version and the commit the binary was built from",
+            self.build_info.clone(),
+        );
         registry.register(
             "reconciles",
             "Passes over one object, by controller (scaledown: StatefulSets; pv-releaser: PersistentVolumes; pod-bound: claims)",
@@ -393,6 +417,21 @@ mod tests {
         let table = metrics_table();
         assert!(table.lines().count() > 20, "{table}");
         crate::docs::check_generated("metrics", &table);
+    }
+
+    /// `scaledown_build_info` is 1 with this build's version and commit (the commit `--version`
+    /// prints, from build.rs).
+    #[test]
+    fn build_info_names_the_version_and_commit() {
+        let text = Metrics::default().encode();
+        let line = format!(
+            "scaledown_build_info{{version=\"{}\",commit=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            env!("SCALEDOWN_GIT_COMMIT")
+        );
+        assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        assert!(crate::cli::VERSION.contains(env!("SCALEDOWN_GIT_COMMIT")));
+        assert!(text.contains("# TYPE scaledown_build_info gauge"), "{text}");
     }
 
     /// Error categories and Event reasons are declared at 0 before anything happened.

@@ -37,14 +37,19 @@ fn helm_binary() -> PathBuf {
     helm
 }
 
-/// Runs helm with `args` (and the cluster's kubeconfig); panics unless it succeeds; returns stdout.
-fn helm(kubeconfig: &Path, args: &[&str]) -> String {
-    let out = std::process::Command::new(helm_binary())
+/// Runs helm with `args` and `kubeconfig`.
+fn run_helm(kubeconfig: &Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(helm_binary())
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(args)
         .output()
-        .expect("run helm");
+        .expect("run helm")
+}
+
+/// Runs helm with `args` (and the cluster's kubeconfig); panics unless it succeeds; returns stdout.
+fn helm(kubeconfig: &Path, args: &[&str]) -> String {
+    let out = run_helm(kubeconfig, args);
     assert!(
         out.status.success(),
         "helm {args:?} failed ({}):\n{}\n{}",
@@ -229,10 +234,8 @@ fn manifests_are_rendered_from_the_chart() {
 /// values.yaml (camelCase of the flag).
 #[test]
 fn every_controller_flag_is_reachable_through_values() {
-    let values: Value = serde_yaml_ng::from_str(
-        &std::fs::read_to_string(repo().join(CHART).join("values.yaml")).expect("values.yaml"),
-    )
-    .expect("values.yaml parses");
+    let values = chart_values();
+    let schema = chart_schema();
     let documented: BTreeSet<String> = values["controller"]
         .as_object()
         .expect("controller map")
@@ -262,14 +265,16 @@ fn every_controller_flag_is_reachable_through_values() {
             documented.contains(&key),
             "--{flag} has no key `controller.{key}` in values.yaml"
         );
-        controller.insert(
-            key,
-            if *takes_value {
-                json!("7")
-            } else {
-                json!(true)
-            },
-        );
+        // A value the schema allows: the first of its choices (--log-format), else "7".
+        let choice = schema["properties"]["controller"]["properties"][&key]["enum"]
+            .as_array()
+            .and_then(|e| e.iter().find(|v| v.as_str().is_some_and(|v| !v.is_empty())))
+            .cloned();
+        let value = match takes_value {
+            true => choice.unwrap_or(json!("7")),
+            false => json!(true),
+        };
+        controller.insert(key, value);
     }
     let mut rendered = BTreeSet::new();
     for scope in ["cluster", "namespace"] {
@@ -355,17 +360,7 @@ fn dashboard_and_alerts_use_only_exported_metrics() {
             "dashboard uses {name}, which /metrics does not export"
         );
     }
-    for needed in [
-        "scaledown_leader",
-        "scaledown_cleanups_running",
-        "scaledown_cleanups_given_up_total",
-        "scaledown_orphaned_claims",
-        "scaledown_reconcile_errors_total",
-        "scaledown_cleanup_duration_seconds_bucket",
-        "process_resident_memory_bytes",
-    ] {
-        assert!(used.contains(needed), "the dashboard shows no {needed}");
-    }
+    assert_dashboard_covers(&used, &queries, &documented);
 
     let rules = yaml_objects(&template("alerts", "ns", &all_optional()));
     let rule = rules
@@ -395,6 +390,7 @@ fn dashboard_and_alerts_use_only_exported_metrics() {
             assert!(is_exported(&name, &documented), "alert uses {name}: {expr}");
         }
     }
+    assert_runbooks(rule);
     // The dashboard ConfigMap carries the file as is.
     let cm = rules
         .iter()
@@ -407,6 +403,327 @@ fn dashboard_and_alerts_use_only_exported_metrics() {
     )
     .expect("embedded dashboard parses");
     assert_eq!(embedded, dashboard);
+}
+
+/// The dashboard shows what an operator looks for (the status gauge and the companions among
+/// them), and every exported family but those named as not shown.
+fn assert_dashboard_covers(
+    used: &BTreeSet<String>,
+    queries: &[String],
+    documented: &[(String, String)],
+) {
+    for needed in [
+        "scaledown_leader",
+        "scaledown_cleanups_running",
+        "scaledown_cleanups_given_up_total",
+        "scaledown_orphaned_claims",
+        "scaledown_reconcile_errors_total",
+        "scaledown_cleanup_duration_seconds_bucket",
+        "process_resident_memory_bytes",
+        "scaledown_statefulsets",
+        "scaledown_pv_released_total",
+        "scaledown_pv_scrubs_total",
+        "scaledown_pv_pool_volumes",
+        "scaledown_build_info",
+    ] {
+        assert!(used.contains(needed), "the dashboard shows no {needed}");
+    }
+    // Every exported family is on the dashboard, but those an operator does not watch there.
+    let not_shown = [
+        "scaledown_release_window_seconds",
+        "scaledown_api_requests_total",
+    ];
+    for (name, kind) in documented {
+        let shown = used
+            .iter()
+            .any(|u| is_exported(u, &[(name.clone(), kind.clone())]));
+        assert!(
+            shown || not_shown.contains(&name.as_str()),
+            "the dashboard shows no {name} (add a panel, or list it as not shown)"
+        );
+    }
+    // The companions' passes: one query per companion controller names it.
+    let joined = queries.join("\n");
+    for controller in statefulset_scaledown_controller::pass::Controller::ALL {
+        let name = controller.as_str();
+        if name != "scaledown" {
+            assert!(
+                joined.contains(name),
+                "no query names the {name} controller"
+            );
+        }
+    }
+}
+
+/// Every alert's `runbook_url` is the chart's runbook base (this repository's docs/operations.md)
+/// with the anchor of a section of docs/operations.md named after the alert, which says what the
+/// alert means, how to check and what to do.
+fn assert_runbooks(rule: &Value) {
+    let values = chart_values();
+    let base = values["metrics"]["prometheusRule"]["runbookBaseUrl"]
+        .as_str()
+        .expect("metrics.prometheusRule.runbookBaseUrl");
+    assert_eq!(
+        base,
+        format!(
+            "{}/blob/main/docs/operations.md",
+            env!("CARGO_PKG_REPOSITORY")
+        )
+    );
+    let operations =
+        std::fs::read_to_string(repo().join("docs/operations.md")).expect("docs/operations.md");
+    let rules = rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .expect("rules");
+    for r in rules {
+        let alert = r["alert"].as_str().expect("alert");
+        let url = r["annotations"]["runbook_url"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{alert} has no runbook_url"));
+        let (at, anchor) = url.split_once('#').expect("an anchor");
+        assert_eq!(at, base, "{alert}");
+        // The section's heading is the alert's name, so GitHub's anchor is that in lower case.
+        assert_eq!(anchor, alert.to_lowercase(), "{alert}");
+        let section = operations
+            .split("\n#### ")
+            .find(|s| s.lines().next() == Some(alert))
+            .unwrap_or_else(|| panic!("{alert}: no section `#### {alert}` in docs/operations.md"));
+        // Up to the next heading (a `#` line of a code block is not one).
+        let section = section.split("\n## ").next().unwrap_or(section);
+        let section = section.split("\n### ").next().unwrap_or(section);
+        for part in ["**Means:**", "**Check:**", "**Do:**"] {
+            assert!(section.contains(part), "{alert}: #{anchor} has no {part}");
+        }
+    }
+}
+
+fn chart_schema() -> Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(repo().join(CHART).join("values.schema.json")).expect("schema"),
+    )
+    .expect("values.schema.json parses")
+}
+
+fn chart_values() -> Value {
+    serde_yaml_ng::from_str(
+        &std::fs::read_to_string(repo().join(CHART).join("values.yaml")).expect("values.yaml"),
+    )
+    .expect("values.yaml parses")
+}
+
+/// Every object the chart renders (every optional one, both scopes, the Namespace and the
+/// companions' rules) and the controller's pods carry the standard labels: helm.sh/chart and
+/// app.kubernetes.io/ name, instance, version, component and managed-by.
+#[test]
+fn every_object_carries_the_standard_labels() {
+    let version = env!("CARGO_PKG_VERSION");
+    let wanted = json!({
+        "helm.sh/chart": format!("statefulset-scaledown-controller-{version}"),
+        "app.kubernetes.io/name": "statefulset-scaledown-controller",
+        "app.kubernetes.io/instance": "lbl",
+        "app.kubernetes.io/version": version,
+        "app.kubernetes.io/component": "controller",
+        "app.kubernetes.io/managed-by": "Helm",
+    });
+    let mut cluster = all_optional();
+    cluster["namespace"] = json!({"create": true});
+    cluster["controller"] = json!({"pvReleaserId": "pool", "podBoundClaims": true});
+    let mut namespaced = all_optional();
+    namespaced["scope"] = json!("namespace");
+    let mut kinds = BTreeSet::new();
+    for values in [cluster, namespaced] {
+        for o in yaml_objects(&template("lbl", "ns", &values)) {
+            let kind = o["kind"].as_str().unwrap_or("").to_string();
+            let labels = &o["metadata"]["labels"];
+            let pods = &o["spec"]["template"]["metadata"]["labels"];
+            for (what, labels) in [(&kind, labels), (&format!("{kind}'s pods"), pods)] {
+                if what.ends_with("pods") && kind != "Deployment" {
+                    continue;
+                }
+                for (key, value) in wanted.as_object().expect("map") {
+                    assert_eq!(
+                        &labels[key], value,
+                        "{what} {}: {key}",
+                        o["metadata"]["name"]
+                    );
+                }
+            }
+            kinds.insert(kind);
+        }
+    }
+    assert_eq!(kinds.len(), 14, "every kind the chart renders: {kinds:?}");
+}
+
+/// `helm` with `args`, expected to fail; returns its stderr.
+fn helm_refuses(args: &[&str]) -> String {
+    let out = run_helm(&support::cluster_state_dir().join("kubeconfig"), args);
+    assert!(!out.status.success(), "helm {args:?} accepted it");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// values.schema.json: an unknown key (at the top, nested, a flag's name misspelt) and a wrong
+/// type fail `helm template` and `helm install` with the key named; the defaults, values.yaml
+/// given explicitly and every `--set` example of the docs and of hack/manifests.sh pass.
+#[test]
+fn values_schema_rejects_typos_and_wrong_types() {
+    let chart = chart();
+    let refused = [
+        ("replica=3", "replica"),
+        ("controller.maxConcurentCleanups=2", "maxConcurentCleanups"),
+        ("metrics.serviceMonitor.enable=true", "enable"),
+        ("replicas=two", "/replicas"),
+        ("metrics.port=http", "/metrics/port"),
+        ("controller.dryRun=yes", "/controller/dryRun"),
+        ("scope=cluster-wide", "/scope"),
+    ];
+    for (set, named) in refused {
+        let err = helm_refuses(&["template", "bad", &chart, "--set", set]);
+        assert!(err.contains(named), "--set {set}: {err}");
+    }
+    let err = helm_refuses(&[
+        "install",
+        "bad",
+        &chart,
+        "-n",
+        "default",
+        "--set",
+        "replica=3",
+    ]);
+    assert!(err.contains("additional properties 'replica'"), "{err}");
+    let values_file = repo().join(CHART).join("values.yaml");
+    template("schema", "ns", &json!({}));
+    let kc = support::cluster_state_dir().join("kubeconfig");
+    helm(
+        &kc,
+        &[
+            "template",
+            "schema",
+            &chart,
+            "-f",
+            &values_file.to_string_lossy(),
+        ],
+    );
+    let examples = documented_sets();
+    assert!(examples.len() >= 8, "{examples:?}");
+    for set in &examples {
+        helm(&kc, &["template", "schema", &chart, "--set", set]);
+    }
+}
+
+/// The `--set KEY=VALUE` of README.md, docs/*.md and hack/manifests.sh, and the `KEY=VALUE`
+/// examples of the values table in docs/operations.md.
+fn documented_sets() -> Vec<String> {
+    let mut sets = BTreeSet::new();
+    let files = [
+        "README.md",
+        "docs/operations.md",
+        "docs/usage.md",
+        "hack/manifests.sh",
+    ];
+    for file in files {
+        let text = std::fs::read_to_string(repo().join(file)).expect(file);
+        let mut words = text.split(|c: char| c.is_whitespace() || c == '`');
+        while let Some(word) = words.next() {
+            if word == "--set"
+                && let Some(set) = words.find(|w| !w.is_empty())
+            {
+                sets.insert(set.trim_end_matches([')', ';']).to_string());
+            } else if let Some(set) = word.strip_prefix("controller.").filter(|w| w.contains('=')) {
+                sets.insert(format!("controller.{}", set.trim_end_matches([',', ')'])));
+            }
+        }
+    }
+    sets.into_iter().collect()
+}
+
+/// values.schema.json and values.yaml name the same keys, at every level the schema closes
+/// (`additionalProperties: false`): a new value needs its type, a removed one leaves no schema.
+#[test]
+fn values_schema_names_every_key_of_values_yaml() {
+    let schema = chart_schema();
+    let mut missing = Vec::new();
+    compare_keys("", &chart_values(), &schema, &mut missing);
+    assert!(
+        missing.is_empty(),
+        "values.yaml vs values.schema.json: {missing:?}"
+    );
+}
+
+fn compare_keys(at: &str, values: &Value, schema: &Value, diff: &mut Vec<String>) {
+    if schema["additionalProperties"] != json!(false) {
+        return;
+    }
+    let props = schema["properties"].as_object().expect("properties");
+    let keys = values.as_object().expect("a map in values.yaml");
+    for (key, value) in keys {
+        match props.get(key) {
+            Some(sub) => compare_keys(&format!("{at}.{key}"), value, sub, diff),
+            None => diff.push(format!("{at}.{key} has no schema")),
+        }
+    }
+    for key in props.keys() {
+        // `global` is Helm's (a parent chart's values), not one of values.yaml.
+        let helms_own = at.is_empty() && key == "global";
+        if !keys.contains_key(key) && !helms_own {
+            diff.push(format!("{at}.{key} is not in values.yaml"));
+        }
+    }
+}
+
+/// Chart.yaml's Artifact Hub annotations: the license is Cargo.toml's, the image the Makefile's
+/// IMAGE, every link a file of this repository, the changes well-formed.
+#[test]
+fn chart_has_artifact_hub_annotations() {
+    let chart: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(repo().join(CHART).join("Chart.yaml")).expect("Chart.yaml"),
+    )
+    .expect("Chart.yaml parses");
+    let annotations = &chart["annotations"];
+    let cargo = std::fs::read_to_string(repo().join("Cargo.toml")).expect("Cargo.toml");
+    assert!(
+        cargo.contains(&format!(
+            "license = \"{}\"",
+            annotations["artifacthub.io/license"]
+                .as_str()
+                .expect("license")
+        )),
+        "artifacthub.io/license differs from Cargo.toml's"
+    );
+    let list = |key: &str| -> Vec<Value> {
+        serde_yaml_ng::from_str(annotations[key].as_str().unwrap_or_else(|| panic!("{key}")))
+            .unwrap_or_else(|e| panic!("{key}: {e}"))
+    };
+    let images = list("artifacthub.io/images");
+    assert_eq!(images.len(), 1);
+    assert_eq!(images[0]["image"], support::makefile_image().as_str());
+    let home = env!("CARGO_PKG_REPOSITORY");
+    assert_eq!(chart["home"], home);
+    let links = list("artifacthub.io/links");
+    assert!(links.len() >= 2, "{links:?}");
+    for link in &links {
+        let url = link["url"].as_str().expect("url");
+        let file = url
+            .strip_prefix(&format!("{home}/blob/main/"))
+            .unwrap_or_else(|| panic!("{url} is not a file of {home}"));
+        assert!(repo().join(file).exists(), "{url}: no {file}");
+        assert!(link["name"].is_string(), "{link}");
+    }
+    for change in list("artifacthub.io/changes") {
+        let kind = change["kind"].as_str().expect("kind");
+        assert!(
+            [
+                "added",
+                "changed",
+                "deprecated",
+                "removed",
+                "fixed",
+                "security"
+            ]
+            .contains(&kind)
+        );
+        assert!(change["description"].is_string(), "{change}");
+    }
+    assert_eq!(annotations["artifacthub.io/operator"], "true");
 }
 
 /// replicas > 1: leader election (with the Lease itself among the objects, where
@@ -725,15 +1042,18 @@ async fn chart_pv_releaser_rbac_suffices() {
     let (release, full) = ("sd-pv", "sd-pv-statefulset-scaledown-controller");
     let id = home.name.clone();
     let values = json!({"controller": {"pvReleaserId": id, "disableScaledown": true}});
-    let refused = std::process::Command::new(helm_binary())
-        .args(["template", release, &chart(), "--set", "scope=namespace"])
-        .args(["--set", "controller.pvReleaserId=x"])
-        .output()
-        .expect("run helm");
-    assert!(
-        !refused.status.success(),
-        "namespace scope refuses the releaser"
-    );
+    // The namespace scope refuses the releaser.
+    let chart = chart();
+    let err = helm_refuses(&[
+        "template",
+        release,
+        &chart,
+        "--set",
+        "scope=namespace",
+        "--set",
+        "controller.pvReleaserId=x",
+    ]);
+    assert!(err.contains("needs scope=cluster"), "{err}");
     let rendered = template(release, &home.name, &values);
     let objects = yaml_objects(&rendered);
     let rules = &object(&objects, "ClusterRole", full)["rules"];

@@ -236,6 +236,109 @@ fn image_has_the_documented_layout_labels_and_sbom() {
     assert!(components.len() > 100, "{} components", components.len());
 }
 
+/// The Dockerfile's build stage, run without a container engine: its `COPY` instructions copy
+/// their sources into a build context outside the checkout (so that no `.cargo/config.toml` of a
+/// parent directory is found, as none is in the image's `/src`), and its `RUN` lines run there.
+/// The binary it builds carries the allocator tuning of `.cargo/config.toml`, as the binary of
+/// `make image` does (jemalloc reports its build-time `malloc_conf`). The first run is a full
+/// release build (several minutes); later ones reuse the context's target directory.
+#[test]
+fn dockerfile_build_stage_builds_with_the_allocator_tuning() {
+    let cargo_env = cargo_config_env();
+    let wanted = cargo_env
+        .iter()
+        .find(|(k, _)| k == "JEMALLOC_SYS_WITH_MALLOC_CONF")
+        .map(|(_, v)| v.clone())
+        .expect("JEMALLOC_SYS_WITH_MALLOC_CONF in .cargo/config.toml");
+    let binary = image_dir()
+        .join("rootfs")
+        .join(BINARY.trim_start_matches('/'));
+    if binary.exists() {
+        assert_eq!(malloc_conf(&binary), wanted, "make image's binary");
+    }
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
+    let stage = dockerfile
+        .split("\nFROM ")
+        .nth(1)
+        .expect("a build stage after the first FROM");
+    let context = std::env::temp_dir().join(format!(
+        "statefulset-scaledown-dockerfile-{}",
+        repo().to_string_lossy().replace('/', "_")
+    ));
+    let src = context.join("src");
+    // A fresh copy of the sources; the target directory is kept between runs.
+    for entry in std::fs::read_dir(&src).into_iter().flatten().flatten() {
+        if entry.file_name() != "target" {
+            let path = entry.path();
+            let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+        }
+    }
+    std::fs::create_dir_all(&src).expect("context");
+    for line in stage.lines().filter(|l| l.starts_with("COPY ")) {
+        let words: Vec<&str> = line.split_whitespace().skip(1).collect();
+        let (dest, sources) = words.split_last().expect("COPY SRC... DEST");
+        if dest.ends_with('/') {
+            std::fs::create_dir_all(src.join(dest)).expect("COPY's destination directory");
+        }
+        let status = std::process::Command::new("cp")
+            .arg("-r")
+            .args(sources.iter().map(|s| repo().join(s)))
+            .arg(src.join(dest))
+            .status()
+            .expect("cp");
+        assert!(status.success(), "{line}");
+    }
+    let out = context.join("out");
+    std::fs::create_dir_all(&out).expect("out");
+    for run in stage.lines().filter_map(|l| l.strip_prefix("RUN ")) {
+        let run = run.replace(BINARY, &out.join("binary").to_string_lossy());
+        let mut command = std::process::Command::new("bash");
+        command
+            .args(["-euc", &run])
+            .current_dir(&src)
+            .env("GIT_COMMIT", "unknown")
+            .env_remove("CARGO_TARGET_DIR");
+        // `cargo test` passes the [env] of .cargo/config.toml to this test: not to the build.
+        for (key, _) in &cargo_env {
+            command.env_remove(key);
+        }
+        let status = command.status().expect("bash");
+        assert!(status.success(), "RUN {run}");
+    }
+    assert_eq!(
+        malloc_conf(&out.join("binary")),
+        wanted,
+        "the Dockerfile's binary lacks the allocator tuning of .cargo/config.toml"
+    );
+}
+
+/// The `[env]` table of `.cargo/config.toml`: (key, value) of its `KEY = "value"` lines.
+fn cargo_config_env() -> Vec<(String, String)> {
+    let config = std::fs::read_to_string(repo().join(".cargo/config.toml")).expect("config");
+    let table = config.split("\n[env]\n").nth(1).expect("an [env] table");
+    table
+        .lines()
+        .take_while(|l| !l.starts_with('['))
+        .filter_map(|l| l.split_once(" = "))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().trim_matches('"').to_string()))
+        .collect()
+}
+
+/// The `malloc_conf` jemalloc was built with, as the running binary reports it at exit.
+fn malloc_conf(binary: &Path) -> String {
+    let out = std::process::Command::new(binary)
+        .arg("--version")
+        .env("_RJEM_MALLOC_CONF", "stats_print:true")
+        .output()
+        .expect("run the binary");
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("config.malloc_conf: "))
+        .map(|v| v.trim_matches('"').to_string())
+        .unwrap_or_else(|| panic!("no config.malloc_conf in jemalloc's stats:\n{text}"))
+}
+
 /// Writes the in-cluster ServiceAccount files (token, ca.crt, namespace) into `dir`; returns the
 /// API server's host and port.
 async fn service_account_files(cluster: &Cluster, namespace: &str, dir: &Path) -> (String, u16) {

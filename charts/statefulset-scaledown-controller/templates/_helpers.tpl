@@ -22,9 +22,22 @@ app.kubernetes.io/name: {{ include "sd.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* chart-version, as helm.sh/chart expects it (no "+", at most 63 characters). */}}
+{{- define "sd.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The standard labels of every object (and of the pods): helm.sh/chart and the
+app.kubernetes.io/ name, instance, version, component and managed-by. The selector keeps
+name and instance only: a Deployment's selector cannot change on upgrade.
+*/}}
 {{- define "sd.labels" -}}
+helm.sh/chart: {{ include "sd.chart" . }}
 {{ include "sd.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: controller
+app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{- define "sd.serviceAccountName" -}}
