@@ -57,6 +57,15 @@ async fn scrape(port: u16) -> String {
 }
 
 /// A recorder of the Events in `default`, where Events about cluster-scoped PVs go.
+/// A recorder of every PV of the cluster.
+async fn record_pvs(cluster: &Cluster) -> Recorder<PersistentVolume> {
+    Recorder::start(
+        Api::<PersistentVolume>::all(cluster.client.clone()),
+        kube::runtime::watcher::Config::default(),
+    )
+    .await
+}
+
 async fn record_pv_events(cluster: &Cluster) -> Recorder<Event> {
     Recorder::start(
         Api::<Event>::namespaced(cluster.client.clone(), "default"),
@@ -75,11 +84,7 @@ async fn released_pvs_of_our_classes_become_available_and_are_bound_again() {
     annotate_class(&cluster, &pool.class, &id).await;
     annotate_class(&cluster, &other.class, "someone-else").await;
     let (pool_pv, other_pv) = (pool.names[0].clone(), other.names[0].clone());
-    let pvs = Recorder::start(
-        Api::<PersistentVolume>::all(cluster.client.clone()),
-        kube::runtime::watcher::Config::default(),
-    )
-    .await;
+    let pvs = record_pvs(&cluster).await;
     let port = free_port();
     let controller = start_releaser_with(
         &cluster,
@@ -250,11 +255,7 @@ async fn a_pv_is_scrubbed_before_its_release_and_a_failed_scrub_keeps_it_release
         set_scrub_template(&cluster, class, &scrub_template(outcome)).await;
     }
     let (clean_pv, dirty_pv) = (clean.names[0].clone(), dirty.names[0].clone());
-    let pvs = Recorder::start(
-        Api::<PersistentVolume>::all(cluster.client.clone()),
-        kube::runtime::watcher::Config::default(),
-    )
-    .await;
+    let pvs = record_pvs(&cluster).await;
     let events = record_pv_events(&cluster).await;
     let port = free_port();
     let metrics = format!("--metrics-bind-address=127.0.0.1:{port}");
@@ -388,11 +389,7 @@ async fn a_scrub_that_cannot_run_is_reported_once_and_runs_once_fixed() {
     annotate_class(&cluster, &pool.class, &id).await;
     set_scrub_template(&cluster, &pool.class, r#"{"spec":{"containers":[]}}"#).await;
     let pv = pool.names[0].clone();
-    let pvs = Recorder::start(
-        Api::<PersistentVolume>::all(cluster.client.clone()),
-        kube::runtime::watcher::Config::default(),
-    )
-    .await;
+    let pvs = record_pvs(&cluster).await;
     let events = record_pv_events(&cluster).await;
     let port = free_port();
     let metrics = format!("--metrics-bind-address=127.0.0.1:{port}");
@@ -490,11 +487,7 @@ async fn a_foreign_claim_named_like_the_temporary_claim_never_gets_the_pv() {
     annotate_class(&cluster, &pool.class, &id).await;
     set_scrub_template(&cluster, &pool.class, &scrub_template("Succeeded")).await;
     let pv = pool.names[0].clone();
-    let pvs = Recorder::start(
-        Api::<PersistentVolume>::all(cluster.client.clone()),
-        kube::runtime::watcher::Config::default(),
-    )
-    .await;
+    let pvs = record_pvs(&cluster).await;
     let events = record_pv_events(&cluster).await;
     // The PV is bound first: a claim naming it by volumeName would take it while it is Available.
     bind(&ns, "cache", &pv, &pool.class).await;
@@ -648,11 +641,7 @@ async fn a_pool_of_three_pvs_serves_five_builds_in_turn() {
     let plain = ns.create_static_pvs("plain", 1, Reclaim::Retain).await;
     let id = ns.name.clone();
     annotate_class(&cluster, &pool.class, &id).await;
-    let pvs = Recorder::start(
-        Api::<PersistentVolume>::all(cluster.client.clone()),
-        kube::runtime::watcher::Config::default(),
-    )
-    .await;
+    let pvs = record_pvs(&cluster).await;
     let _controller = start_releaser(&cluster, &id);
 
     // A PV of an unannotated class: Released, and it stays so.

@@ -411,14 +411,6 @@ async fn killed_right_after_its_first_claim_delete_a_new_controller_finishes_onc
 
 // === the release guard ===
 
-/// Whether a cleanup pod still carries the gate that keeps it from running.
-fn gated(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.scheduling_gates.as_ref())
-        .is_some_and(|g| g.iter().any(|g| g.name == CONFIRM_GATE))
-}
-
 /// Issue 23 item 4: a scale-up saved after a controller read the set live and before it released a
 /// recorded cleanup pod wins (docs/usage.md: "a scale-up always wins over a cleanup that has not
 /// been released"). The first controller records web-2's cleanup pod and dies before the release; a new
@@ -463,7 +455,7 @@ async fn a_scale_up_between_the_read_and_the_release_wins() {
     assert!(!cleanups.is_empty(), "no cleanup pod web-2 was ever seen");
     let ungated: Vec<String> = cleanups
         .iter()
-        .filter(|s| !s.gone() && !gated(&s.object))
+        .filter(|s| !s.gone() && !is_gated(&s.object))
         .map(describe)
         .collect();
     assert!(

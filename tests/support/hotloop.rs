@@ -47,6 +47,7 @@ use kube::Client;
 use kube::api::Api;
 use kube::runtime::watcher;
 
+use super::fixtures::is_gated;
 use super::recorder::Recorder;
 
 /// Field manager the controller sends with every write, its create of a cleanup pod included
@@ -63,8 +64,6 @@ pub const SLACK: usize = 2;
 const CLEANUP_LABEL: &str = statefulset_scaledown_controller::naming::CLEANUP_LABEL;
 /// Annotation naming the StatefulSet a cleanup pod belongs to.
 const OWNER: &str = statefulset_scaledown_controller::naming::OWNER_ANNOTATION;
-/// The scheduling gate a cleanup pod is created with, until its record.
-const GATE: &str = statefulset_scaledown_controller::naming::CONFIRM_GATE;
 /// Annotation with the pod's attempt number.
 const ATTEMPT: &str = statefulset_scaledown_controller::naming::ATTEMPT_ANNOTATION;
 
@@ -210,14 +209,6 @@ pub struct HotLoopCheck {
 }
 
 /// Whether the controller created this pod (its field manager owns fields of it).
-/// Whether a pod lacks the controller's scheduling gate (it was released, or never had it).
-fn ungated(pod: &Pod) -> bool {
-    !pod.spec
-        .as_ref()
-        .and_then(|s| s.scheduling_gates.as_ref())
-        .is_some_and(|g| g.iter().any(|g| g.name == GATE))
-}
-
 pub fn created_by_controller(pod: &Pod) -> bool {
     pod.metadata
         .managed_fields
@@ -297,7 +288,7 @@ impl HotLoopCheck {
         let all = self.pods.seen();
         let released: HashSet<String> = all
             .iter()
-            .filter(|s| ungated(&s.object))
+            .filter(|s| !is_gated(&s.object))
             .map(|s| s.uid.clone())
             .collect();
         for seen in all {
