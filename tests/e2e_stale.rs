@@ -45,12 +45,22 @@ const BACKGROUND_LINE: &str = "of the deleted StatefulSet so its claims can be c
 /// `rules` before the controller starts. Keep the returned sieve alive longer than the env (declare
 /// it first), so the controller is killed before the proxy goes.
 async fn env_behind_sieve(test: &str, pvs: usize, rules: impl FnOnce(&Sieve)) -> (Sieve, Env) {
+    env_behind_sieve_with(test, pvs, &[], rules).await
+}
+
+/// [`env_behind_sieve`] with `extra` controller flags.
+async fn env_behind_sieve_with(
+    test: &str,
+    pvs: usize,
+    extra: &[&str],
+    rules: impl FnOnce(&Sieve),
+) -> (Sieve, Env) {
     let cluster = Cluster::connect().await;
     let ns = cluster.namespace(test).await;
     let class = ns.create_static_pvs("pv", pvs, Reclaim::Retain).await.class;
     let sieve = Sieve::start(client_from(&cluster.kubeconfig).await).await;
     rules(&sieve);
-    let controller = spawn_behind(&sieve, &ns.name);
+    let controller = spawn_behind_with(&sieve, &ns.name, extra);
     let env = Env {
         cluster,
         ns,
@@ -62,8 +72,12 @@ async fn env_behind_sieve(test: &str, pvs: usize, rules: impl FnOnce(&Sieve)) ->
 
 /// A controller of namespace `ns` whose every request goes through `sieve`.
 fn spawn_behind(sieve: &Sieve, ns: &str) -> Controller {
+    spawn_behind_with(sieve, ns, &[])
+}
+
+fn spawn_behind_with(sieve: &Sieve, ns: &str, extra: &[&str]) -> Controller {
     let kubeconfig = sieve.kubeconfig(ns);
-    let args = [
+    let mut args = vec![
         "--namespace",
         ns,
         "--cleanup-backoff",
@@ -73,6 +87,7 @@ fn spawn_behind(sieve: &Sieve, ns: &str) -> Controller {
         "--metrics-bind-address=0",
         "--health-probe-bind-address=0",
     ];
+    args.extend_from_slice(extra);
     Controller::spawn(&kubeconfig, ns, &args, &[])
 }
 
@@ -407,6 +422,74 @@ async fn killed_right_after_its_first_claim_delete_a_new_controller_finishes_onc
         .into_iter()
         .collect();
     assert_eq!(got, expected, "cleanup pods per ordinal across the kill");
+}
+
+// === retries under a lagging claim watch ===
+
+/// Found by `make chaos` (seed 20261127): a failed cleanup is retried by marking its claims with
+/// the next attempt and then deleting the failed pod. With the claim watch behind the pod watch,
+/// the pass that saw the pod gone read the claims without the mark and started attempt 1 again, so
+/// a cleanup that always fails ran attempt 1 over and over and never reached its limit. The marks
+/// of ours are now expected until the claim cache shows them (src/scaledown/expect.rs): each
+/// attempt runs once, and the series ends at `--cleanup-attempts` with the claim kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn failing_cleanups_with_a_lagging_claim_watch_run_each_attempt_once() {
+    let (sieve, env) = env_behind_sieve_with("retry-marks", 2, &["--cleanup-attempts", "3"], |s| {
+        s.delay_watch("persistentvolumeclaims", LAG)
+    })
+    .await;
+    let mut spec = SetSpec::new("web", 2, &env.class);
+    spec.template = Some(template(
+        json!({"sim.scaledown.io/outcome": "Failed"}),
+        json!({}),
+        "Never",
+    ));
+    env.create_running(&spec).await;
+    create_markers(&env).await;
+    let claim = env.claim_uid("data-web-1").await;
+    let pods = env.record_pods().await;
+    let mark = pods.mark();
+
+    env.scale("web", 1).await;
+    env.wait_event("web", "CleanupGaveUp").await;
+    // Long enough for an attempt started again to show: the lag, the backoff and a few passes.
+    tokio::time::sleep(OBSERVE).await;
+    pods.close_window(&env.pods(), "window-marker").await;
+
+    let mut attempts: Vec<(String, String)> = Vec::new();
+    for s in pods.since(mark) {
+        if s.name != "web-1" || !has_cleanup_marks(&s) || attempts.iter().any(|(u, _)| *u == s.uid)
+        {
+            continue;
+        }
+        let attempt = s
+            .object
+            .annotations()
+            .get(ATTEMPT)
+            .cloned()
+            .unwrap_or_default();
+        attempts.push((s.uid.clone(), attempt));
+    }
+    for line in sieve.summary() {
+        eprintln!("{line}");
+    }
+    let got: Vec<&str> = attempts.iter().map(|(_, a)| a.as_str()).collect();
+    eprintln!("[stale] attempts of web-1's cleanup, in creation order: {got:?}");
+    assert_eq!(
+        got,
+        ["1", "2", "3"],
+        "one cleanup pod per attempt (claim watch lag {LAG:?}); every change of them:\n  {}",
+        pods.matching(has_cleanup_marks)
+            .iter()
+            .map(describe)
+            .collect::<Vec<_>>()
+            .join("\n  ")
+    );
+    assert_eq!(
+        env.claim_uid("data-web-1").await,
+        claim,
+        "the claim is kept"
+    );
 }
 
 // === the release guard ===

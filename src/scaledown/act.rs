@@ -28,6 +28,7 @@ use crate::reason::Reason;
 use crate::report::{Outcome, Reporter};
 use crate::scaledown::decide::status::{Change, Write};
 use crate::scaledown::decide::{Event, Plan, PodDeletion, Step, Verdict};
+use crate::scaledown::expect::Mark;
 use crate::scaledown::observe::{Record, SetFacts, format_records};
 
 /// Field manager of every write we make.
@@ -63,6 +64,8 @@ pub struct Done {
     /// A guard found the set changed since the read the plan was decided on: the steps after it
     /// were not carried out, and the next pass decides again on a newer read.
     pub stale: bool,
+    /// The next-attempt marks this plan wrote: the claim cache may not show them yet.
+    pub marked: Vec<Mark>,
 }
 
 /// An object a delete of ours removed (or found gone), by kind, name and UID.
@@ -255,7 +258,16 @@ impl Actor {
                 claim,
                 uid,
                 attempt,
-            } => self.mark_next_attempt(ns, claim, uid, *attempt).await,
+            } => {
+                if self.mark_next_attempt(ns, claim, uid, *attempt).await? {
+                    done.marked.push(Mark {
+                        claim: claim.clone(),
+                        uid: uid.clone(),
+                        attempt: *attempt,
+                    });
+                }
+                Ok(())
+            }
         }
     }
 
@@ -404,7 +416,7 @@ impl Actor {
         claim: &str,
         uid: &str,
         attempt: Option<u32>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
         let value = attempt.map(|a| a.to_string());
         // metadata.uid in the body is checked by the API server: a different claim is a 409.
@@ -413,13 +425,16 @@ impl Actor {
             .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => debug!(claim = %claim, ?attempt, "marked next attempt"),
-            Err(e) if is_status(&e, &[code::NOT_FOUND, code::CONFLICT]) => {
-                debug!(claim = %claim, "claim changed; mark skipped")
+            Ok(_) => {
+                debug!(claim = %claim, ?attempt, "marked next attempt");
+                Ok(true)
             }
-            Err(e) => return Err(Error::kube("annotate claim", claim)(e)),
+            Err(e) if is_status(&e, &[code::NOT_FOUND, code::CONFLICT]) => {
+                debug!(claim = %claim, "claim changed; mark skipped");
+                Ok(false)
+            }
+            Err(e) => Err(Error::kube("annotate claim", claim)(e)),
         }
-        Ok(())
     }
 
     /// Creates the cleanup pod from its JSON, unchanged.

@@ -8,6 +8,14 @@
 //! An entry is forgotten once the cache shows the object gone, replaced (another UID) or being
 //! deleted, and at the latest after [`EXPECTATION_TTL`] (client-go's `ExpectationsTimeout`), so the
 //! memory holds at most the deletes of the last few minutes.
+//!
+//! The same holds for the next-attempt marks we write on claims. A failed cleanup is retried by
+//! marking its claims with the next attempt and then deleting the pod; when the pod watch shows the
+//! delete before the claim watch shows the mark (each resource has its own watch, and they lag
+//! differently), a pass decided on the caches would read no mark and start attempt 1 again, and
+//! a cleanup that always fails would never reach its retry limit. Until the claim cache shows a
+//! mark of ours (or the claim gone, replaced or being deleted), the claim is shown to observe with
+//! the mark we wrote.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,6 +27,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 
 use crate::caches::Claim;
+use crate::naming::NEXT_ATTEMPT_ANNOTATION;
 use crate::scaledown::act::{Gone, GoneKind};
 use crate::scaledown::watch::Slice;
 
@@ -27,16 +36,36 @@ pub const EXPECTATION_TTL: Duration = Duration::from_secs(300);
 
 type Key = (String, GoneKind, String);
 
-/// Deletes of ours the caches have not shown yet: (namespace, kind, name) -> (UID, when).
+/// Deletes and marks of ours the caches have not shown yet.
 #[derive(Debug, Default)]
 pub struct Expectations {
+    /// (namespace, kind, name) -> (UID, when).
     gone: HashMap<Key, (String, Instant)>,
+    /// (namespace, claim) -> the mark we wrote.
+    marks: HashMap<(String, String), Marked>,
 }
 
-/// What a cache shows of one object: its UID and whether it is being deleted.
+/// A next-attempt mark this process wrote on a claim (`attempt: None`: the mark removed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mark {
+    pub claim: String,
+    pub uid: String,
+    pub attempt: Option<u32>,
+}
+
+#[derive(Debug)]
+struct Marked {
+    uid: String,
+    attempt: Option<u32>,
+    at: Instant,
+}
+
+/// What a cache shows of one object: its UID, whether it is being deleted, and (claims) its
+/// next-attempt mark as written.
 pub struct Shown {
     pub uid: String,
     pub deleting: bool,
+    pub mark: Option<String>,
 }
 
 impl Expectations {
@@ -48,19 +77,44 @@ impl Expectations {
         }
     }
 
-    /// Forgets the deletes the caches show by now (`shows`: what the cache holds under that
-    /// kind, namespace and name) and those older than [`EXPECTATION_TTL`].
+    /// Records the next-attempt marks one pass in `ns` wrote.
+    pub fn marked(&mut self, ns: &str, marks: &[Mark], now: Instant) {
+        for m in marks {
+            let key = (ns.to_string(), m.claim.clone());
+            let marked = Marked {
+                uid: m.uid.clone(),
+                attempt: m.attempt,
+                at: now,
+            };
+            self.marks.insert(key, marked);
+        }
+    }
+
+    /// Forgets the deletes and marks the caches show by now (`shows`: what the cache holds under
+    /// that kind, namespace and name) and those older than [`EXPECTATION_TTL`].
     pub fn forget_seen(
         &mut self,
         now: Instant,
         shows: impl Fn(GoneKind, &str, &str) -> Option<Shown>,
     ) {
+        let young = |at: &Instant| now.saturating_duration_since(*at) < EXPECTATION_TTL;
         self.gone.retain(|(ns, kind, name), (uid, at)| {
             let pending = match shows(*kind, ns, name) {
                 Some(shown) => shown.uid == *uid && !shown.deleting,
                 None => false,
             };
-            pending && now.saturating_duration_since(*at) < EXPECTATION_TTL
+            pending && young(at)
+        });
+        self.marks.retain(|(ns, claim), m| {
+            let pending = match shows(GoneKind::Claim, ns, claim) {
+                Some(shown) => {
+                    shown.uid == m.uid
+                        && !shown.deleting
+                        && shown.mark != m.attempt.map(|a| a.to_string())
+                }
+                None => false,
+            };
+            pending && young(&m.at)
         });
     }
 
@@ -72,17 +126,29 @@ impl Expectations {
             .is_some_and(|(u, _)| u == uid)
     }
 
+    /// The mark we wrote on this claim (namespace, name, UID) that the cache has not shown yet.
+    fn pending_mark(&self, ns: &str, claim: &str, uid: &str) -> Option<Option<u32>> {
+        self.marks
+            .get(&(ns.to_string(), claim.to_string()))
+            .filter(|m| m.uid == uid)
+            .map(|m| m.attempt)
+    }
+
     pub fn len(&self) -> usize {
-        self.gone.len()
+        self.gone.len() + self.marks.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.gone.is_empty()
+        self.gone.is_empty() && self.marks.is_empty()
     }
 
     /// `slice` (of namespace `ns`) with every object we deleted and the cache still shows as
-    /// alive marked as being deleted, as of `now`.
+    /// alive marked as being deleted, as of `now`, and every claim carrying the next-attempt mark
+    /// we wrote last.
     pub fn mask(&self, ns: &str, slice: &mut Slice, now: Timestamp) {
+        if self.marks.keys().any(|(n, _)| n == ns) {
+            self.mask_marks(ns, &mut slice.claims);
+        }
         if self.gone.keys().all(|(n, _, _)| n != ns) {
             return;
         }
@@ -97,6 +163,28 @@ impl Expectations {
             |p| self.masks(GoneKind::Pod, ns, p),
             now,
         );
+    }
+
+    /// Copies of the claims whose mark of ours the cache does not show yet, with that mark.
+    fn mask_marks(&self, ns: &str, claims: &mut [Arc<Claim>]) {
+        for claim in claims.iter_mut() {
+            let meta = claim.meta();
+            let name = meta.name.as_deref().unwrap_or_default();
+            let uid = meta.uid.as_deref().unwrap_or_default();
+            let Some(attempt) = self.pending_mark(ns, name, uid) else {
+                continue;
+            };
+            let mut copy = Claim::clone(claim);
+            let annotations = copy
+                .meta_mut()
+                .annotations
+                .get_or_insert_with(Default::default);
+            match attempt {
+                Some(a) => annotations.insert(NEXT_ATTEMPT_ANNOTATION.to_string(), a.to_string()),
+                None => annotations.remove(NEXT_ATTEMPT_ANNOTATION),
+            };
+            *claim = Arc::new(copy);
+        }
     }
 
     fn masks<K: Resource>(&self, kind: GoneKind, ns: &str, obj: &K) -> bool {
@@ -139,6 +227,10 @@ fn shown<K: Resource>(obj: Option<&K>) -> Option<Shown> {
     Some(Shown {
         uid: meta.uid.clone().unwrap_or_default(),
         deleting: meta.deletion_timestamp.is_some(),
+        mark: meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(NEXT_ATTEMPT_ANNOTATION).cloned()),
     })
 }
 
@@ -213,14 +305,17 @@ mod tests {
             "still-cached" => Some(Shown {
                 uid: "a".into(),
                 deleting: false,
+                mark: None,
             }),
             "deleting" => Some(Shown {
                 uid: "b".into(),
                 deleting: true,
+                mark: None,
             }),
             "replaced" => Some(Shown {
                 uid: "new".into(),
                 deleting: false,
+                mark: None,
             }),
             _ => None,
         };
@@ -232,6 +327,102 @@ mod tests {
         );
         assert!(e.expects_gone(GoneKind::Claim, "ns", "still-cached", "a"));
         e.forget_seen(start + EXPECTATION_TTL, cache);
+        assert!(e.is_empty(), "forgotten after the TTL");
+    }
+
+    fn mark(claim: &str, uid: &str, attempt: Option<u32>) -> Mark {
+        Mark {
+            claim: claim.into(),
+            uid: uid.into(),
+            attempt,
+        }
+    }
+
+    fn marked_claim(name: &str, uid: &str, mark: Option<&str>) -> Arc<Claim> {
+        let mut c = Claim::clone(&claim(name, uid));
+        if let Some(m) = mark {
+            c.metadata.annotations = Some([(NEXT_ATTEMPT_ANNOTATION.to_string(), m.into())].into());
+        }
+        Arc::new(c)
+    }
+
+    fn mark_of(c: &Claim) -> Option<&str> {
+        c.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(NEXT_ATTEMPT_ANNOTATION))
+            .map(String::as_str)
+    }
+
+    /// The repeated attempt 1 that `make chaos` found: the mark for attempt 2 is written, the
+    /// failed pod deleted, and the claim cache still holds the claim without the mark. Masked, the
+    /// claim carries the mark we wrote (and a removal of ours reads as removed); another UID of
+    /// the same name is left as the cache shows it.
+    #[test]
+    fn a_claim_we_marked_carries_our_mark_until_the_cache_shows_it() {
+        let mut e = Expectations::default();
+        let now = Instant::now();
+        e.marked(
+            "ns",
+            &[
+                mark("data-web-2", "u2", Some(2)),
+                mark("data-web-3", "u3", None),
+            ],
+            now,
+        );
+        let mut slice = Slice {
+            claims: vec![
+                marked_claim("data-web-2", "u2", None),
+                marked_claim("data-web-3", "u3", Some("4")),
+                marked_claim("data-web-4", "u4", Some("2")),
+            ],
+            ..Slice::default()
+        };
+        e.mask("ns", &mut slice, Timestamp::now());
+        let marks: Vec<_> = slice.claims.iter().map(|c| mark_of(c)).collect();
+        assert_eq!(marks, [Some("2"), None, Some("2")]);
+
+        let mut replaced = Slice {
+            claims: vec![marked_claim("data-web-2", "u2-new", None)],
+            ..Slice::default()
+        };
+        e.mask("ns", &mut replaced, Timestamp::now());
+        assert_eq!(mark_of(&replaced.claims[0]), None);
+    }
+
+    #[test]
+    fn a_mark_is_forgotten_once_the_cache_shows_it_or_the_claim_is_gone() {
+        let now = Instant::now();
+        let mut e = Expectations::default();
+        e.marked(
+            "ns",
+            &[
+                mark("lagging", "a", Some(3)),
+                mark("seen", "b", Some(3)),
+                mark("cleared", "c", None),
+                mark("gone", "d", Some(2)),
+                mark("deleting", "e", Some(2)),
+            ],
+            now,
+        );
+        let cache = |_: GoneKind, _: &str, name: &str| {
+            let (uid, deleting, mark) = match name {
+                "lagging" => ("a", false, Some("2")),
+                "seen" => ("b", false, Some("3")),
+                "cleared" => ("c", false, None),
+                "deleting" => ("e", true, Some("1")),
+                _ => return None,
+            };
+            Some(Shown {
+                uid: uid.into(),
+                deleting,
+                mark: mark.map(String::from),
+            })
+        };
+        e.forget_seen(now, cache);
+        assert_eq!(e.len(), 1, "only the mark the cache does not show is kept");
+        assert_eq!(e.pending_mark("ns", "lagging", "a"), Some(Some(3)));
+        e.forget_seen(now + EXPECTATION_TTL, cache);
         assert!(e.is_empty(), "forgotten after the TTL");
     }
 }

@@ -161,7 +161,7 @@ impl Context {
         let mut done = Done::default();
         let executed = self.actor.execute(&observed.set, &plan, &mut done).await;
         self.remember(set, &observed, &done, &reserved);
-        self.expect_deleted(&observed.set.namespace, &done.deleted);
+        self.expect_unseen(&observed.set.namespace, &done);
         // A guard found the set changed: its watch event is on the way; look again soon anyway.
         let stale = done.stale.then_some(DISAGREE_RECHECK);
         // Pods created before a failed step are settled all the same.
@@ -371,8 +371,8 @@ impl Context {
         slice
     }
 
-    /// Records the deletes of a pass, and forgets those the caches show by now.
-    fn expect_deleted(&self, ns: &str, gone: &[crate::scaledown::act::Gone]) {
+    /// Records the deletes and claim marks of a pass, and forgets those the caches show by now.
+    fn expect_unseen(&self, ns: &str, done: &Done) {
         let mut expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         let (claims, pods, cleanup_pods) = (
@@ -386,7 +386,8 @@ impl Context {
                 expect::shown_pod(cleanup_pods.get(ns, name).or_else(|| pods.get(ns, name)))
             }
         });
-        expectations.deleted(ns, gone, now);
+        expectations.deleted(ns, &done.deleted, now);
+        expectations.marked(ns, &done.marked, now);
     }
 
     fn observe_cached(&self, set: &StatefulSet, refusals: &BTreeMap<u32, Rejection>) -> Observed {

@@ -21,6 +21,7 @@ use super::{
 };
 
 pub const OWNER: &str = "statefulsets.kubernetes.io/scaledown-pod-owner";
+pub const ATTEMPT: &str = statefulset_scaledown_controller::naming::ATTEMPT_ANNOTATION;
 pub const FINALIZER: &str = "statefulsets.kubernetes.io/scaledown";
 pub const CONFIRM_GATE: &str = "statefulsets.kubernetes.io/scaledown-confirm";
 pub const HOLD: &str = "e2e.scaledown.io/hold";

@@ -251,6 +251,49 @@ async fn a_failed_step_stops_the_plan() {
     assert_eq!(log.lines(), [format!("DELETE {NS_CLAIMS}/data-web-1")]);
 }
 
+/// A mark the API server applied is handed to the expectations (the claim cache may not show it
+/// by the next pass); one refused because the claim is gone or replaced is not.
+#[tokio::test]
+async fn a_written_mark_is_remembered_and_a_refused_one_is_not() {
+    let mark = |claim: &str, attempt| Step::MarkNextAttempt {
+        claim: claim.into(),
+        uid: format!("uid-{claim}"),
+        attempt,
+    };
+    let steps = vec![
+        mark("data-web-1", Some(2)),
+        mark("data-web-2", Some(2)),
+        mark("data-web-3", None),
+    ];
+    let (result, done, log) = run(steps, |sent| {
+        if sent.path.ends_with("/data-web-2") {
+            mock_api::status(409, "Conflict", "uid mismatch")
+        } else {
+            (200, json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "x"}}))
+        }
+    })
+    .await;
+    assert!(result.is_ok());
+    let sent = log.writes_and_reads();
+    assert_eq!(sent.len(), 3);
+    assert_eq!(sent[0].body["metadata"]["uid"], "uid-data-web-1");
+    assert_eq!(
+        sent[0].body["metadata"]["annotations"][naming::NEXT_ATTEMPT_ANNOTATION],
+        "2"
+    );
+    assert_eq!(
+        sent[2].body["metadata"]["annotations"][naming::NEXT_ATTEMPT_ANNOTATION],
+        Value::Null,
+        "a removal is a merge-patch null"
+    );
+    let marked: Vec<_> = done
+        .marked
+        .iter()
+        .map(|m| (m.claim.as_str(), m.attempt))
+        .collect();
+    assert_eq!(marked, [("data-web-1", Some(2)), ("data-web-3", None)]);
+}
+
 #[tokio::test]
 async fn a_process_that_may_not_write_sends_nothing() {
     let (client, log) = mock_api::serve(|_| mock_api::deleted());
