@@ -198,23 +198,22 @@ async fn run(options: &Options) -> (usize, usize) {
     let mut rounds_run = 0;
     let mut stuck = 0;
     for round in 1..=options.rounds {
-        let settled = run_round(&mut world, &mut rng, &mut checker, round, options).await;
+        let end = guarded_round(&mut world, &mut rng, &mut checker, round, options).await;
         rounds_run = round;
-        let dead = support::dead_components();
-        if !dead.is_empty() {
-            checker.report(&[Violation {
-                invariant: 0,
-                round: round.to_string(),
-                at: start.elapsed(),
-                text: format!(
-                    "HARNESS: control plane component(s) died: {}",
-                    dead.join("; ")
-                ),
-            }]);
-            println!("chaos: the control plane is broken; stopping early, no final deletion");
-            world.teardown(options.seed).await;
-            return (rounds_run, checker.violations);
-        }
+        let settled = match end {
+            RoundEnd::Ran(settled) => settled,
+            RoundEnd::Broken(why) => {
+                checker.report(&[Violation {
+                    invariant: 0,
+                    round: round.to_string(),
+                    at: start.elapsed(),
+                    text: format!("HARNESS: {why}"),
+                }]);
+                println!("chaos: the control plane is broken; stopping early, no final deletion");
+                world.teardown(options.seed).await;
+                return (rounds_run, checker.violations);
+            }
+        };
         stuck = if settled { 0 } else { stuck + 1 };
         if stuck == 3 {
             // Something that never settles is a stall, the failure chaos looks for: count it.
@@ -265,6 +264,72 @@ fn print_perturbations(world: &World) {
     );
     for line in world.proxies.summary() {
         println!("chaos: {line}");
+    }
+}
+
+/// How a round ended: it ran (and settled or not), or the harness gave up on the control plane.
+enum RoundEnd {
+    Ran(bool),
+    Broken(String),
+}
+
+/// How long a control plane component may be seen dead before the round is abandoned: longer than
+/// the gap of an API server restart (SIGKILL after 3 s, 1 s down, then a new pid).
+const DEAD_FOR: Duration = Duration::from_secs(15);
+
+/// [`run_round`], abandoned as soon as a control plane component has been dead for [`DEAD_FOR`]
+/// (etcd on a full disk: every request would hang or fail until the quiesce timeouts, round after
+/// round) or when the round overruns four quiesce timeouts plus two minutes. Either is a harness
+/// failure that stops the run, with what was dead or how long the round took.
+async fn guarded_round(
+    world: &mut World,
+    rng: &mut Rng,
+    checker: &mut Checker,
+    round: usize,
+    options: &Options,
+) -> RoundEnd {
+    let budget = options.quiesce_timeout * 4 + Duration::from_secs(120);
+    let end = tokio::select! {
+        settled = run_round(world, rng, checker, round, options) => RoundEnd::Ran(settled),
+        dead = dead_for(DEAD_FOR) => RoundEnd::Broken(format!(
+            "control plane component(s) dead for {DEAD_FOR:?}: {}", dead.join("; ")
+        )),
+        _ = tokio::time::sleep(budget) => RoundEnd::Broken(format!(
+            "round {round} still running after {budget:?}; control plane: {}",
+            match support::dead_components() {
+                dead if dead.is_empty() => "every component alive".to_string(),
+                dead => dead.join("; "),
+            }
+        )),
+    };
+    if matches!(end, RoundEnd::Ran(_)) {
+        let dead = support::dead_components();
+        if !dead.is_empty() {
+            return RoundEnd::Broken(format!(
+                "control plane component(s) died: {}",
+                dead.join("; ")
+            ));
+        }
+    }
+    end
+}
+
+/// Returns once the same control plane components have been dead in every check for `span`.
+async fn dead_for(span: Duration) -> Vec<String> {
+    let mut since: Option<(Instant, Vec<String>)> = None;
+    loop {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let dead = support::dead_components();
+        since = match since {
+            _ if dead.is_empty() => None,
+            Some((t0, seen)) if seen == dead => {
+                if t0.elapsed() >= span {
+                    return dead;
+                }
+                Some((t0, seen))
+            }
+            _ => Some((Instant::now(), dead)),
+        };
     }
 }
 
@@ -439,7 +504,7 @@ impl World {
             task.abort();
         }
         self.controllers.stop();
-        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/chaos");
+        let dir = support::repo_dir().join("target/chaos");
         let _ = std::fs::create_dir_all(&dir);
         let path = dir.join(format!("seed-{seed}.jsonl"));
         if let Ok(mut file) = std::fs::File::create(&path) {
@@ -452,6 +517,7 @@ impl World {
             if let Ok(out) = std::process::Command::new(support::kubectl_binary())
                 .arg("--kubeconfig")
                 .arg(&self.cluster.kubeconfig)
+                .arg("--request-timeout=10s")
                 .args(["-n", ns, "get", "statefulsets", "-o", "name"])
                 .output()
             {
@@ -459,6 +525,7 @@ impl World {
                     let _ = std::process::Command::new(support::kubectl_binary())
                         .arg("--kubeconfig")
                         .arg(&self.cluster.kubeconfig)
+                        .arg("--request-timeout=10s")
                         .args(["-n", ns, "patch", set, "--type=merge"])
                         .args(["-p", r#"{"metadata":{"finalizers":null}}"#])
                         .output();

@@ -160,7 +160,7 @@ impl World {
 
 /// `hack/cluster.sh restart-apiserver 1`: stop kube-apiserver, wait 1 s, start it, wait ready.
 async fn restart_apiserver() -> String {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/cluster.sh");
+    let script = crate::support::repo_dir().join("hack/cluster.sh");
     let t0 = Instant::now();
     let out = tokio::process::Command::new(script)
         .args(["restart-apiserver", "1"])

@@ -346,7 +346,7 @@ impl Controllers {
             "--metrics-bind-address=0",
             "--health-probe-bind-address=0",
         ];
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/e2e-logs");
+        let dir = crate::support::repo_dir().join("target/e2e-logs");
         let logs: Vec<PathBuf> = (0..INSTANCES)
             .map(|i| dir.join(format!("{}.log", instance_name(i))))
             .collect();

@@ -34,7 +34,7 @@ pub const LONG: Duration = Duration::from_secs(90);
 pub static CONTROLLER_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    super::repo_dir()
 }
 
 pub fn manifest(name: &str) -> PathBuf {

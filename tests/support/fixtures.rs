@@ -82,7 +82,7 @@ impl Controller {
         env: &[(&str, &str)],
     ) -> Controller {
         super::hotloop::note_controller_args(args);
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/e2e-logs");
+        let dir = super::repo_dir().join("target/e2e-logs");
         std::fs::create_dir_all(&dir).expect("log dir");
         let log = dir.join(format!("{log_name}.log"));
         let file = std::fs::OpenOptions::new()
@@ -90,23 +90,22 @@ impl Controller {
             .append(true)
             .open(&log)
             .expect("log file");
-        let child =
-            tokio::process::Command::new(env!("CARGO_BIN_EXE_statefulset-scaledown-controller"))
-                .arg("--kubeconfig")
-                .arg(kubeconfig)
-                .args(args)
-                .envs(env.iter().copied())
-                // SCALEDOWN_E2E_RUST_LOG replaces the filter, e.g. to add `kube_runtime=debug`.
-                .env(
-                    "RUST_LOG",
-                    std::env::var("SCALEDOWN_E2E_RUST_LOG")
-                        .unwrap_or("info,statefulset_scaledown_controller=debug".into()),
-                )
-                .stdout(Stdio::null())
-                .stderr(file)
-                .kill_on_drop(true)
-                .spawn()
-                .expect("start the controller binary");
+        let child = tokio::process::Command::new(super::controller_bin())
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .envs(env.iter().copied())
+            // SCALEDOWN_E2E_RUST_LOG replaces the filter, e.g. to add `kube_runtime=debug`.
+            .env(
+                "RUST_LOG",
+                std::env::var("SCALEDOWN_E2E_RUST_LOG")
+                    .unwrap_or("info,statefulset_scaledown_controller=debug".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the controller binary");
         Controller {
             child,
             log,
@@ -117,7 +116,7 @@ impl Controller {
     /// Runs `command` (any program that behaves as the controller, e.g. the image under an OCI
     /// runtime) with stdout and stderr in target/e2e-logs/<log_name>.log; killed when dropped.
     pub fn spawn_command(mut command: tokio::process::Command, log_name: &str) -> Controller {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/e2e-logs");
+        let dir = super::repo_dir().join("target/e2e-logs");
         std::fs::create_dir_all(&dir).expect("log dir");
         let log = dir.join(format!("{log_name}.log"));
         let file = std::fs::File::create(&log).expect("log file");
@@ -581,7 +580,7 @@ pub async fn cleanup_pods(pods: &Api<Pod>) -> Vec<Pod> {
 /// Appends a measured number to target/e2e-measurements.txt (printed by .ci/run).
 pub fn record(what: &str, value: String) {
     use std::io::Write;
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/e2e-measurements.txt");
+    let path = super::repo_dir().join("target/e2e-measurements.txt");
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

@@ -92,8 +92,23 @@ pub fn real_node_skipped() -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-fn repo_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+/// The checkout whose scripts and cluster the tests use: `SCALEDOWN_CHECKOUT` if set, else the one
+/// they were built in. The override lets prebuilt test binaries (a long `make chaos` run) use the
+/// cluster of another checkout, so this one's cluster and target stay free meanwhile.
+pub fn repo_dir() -> PathBuf {
+    match std::env::var_os("SCALEDOWN_CHECKOUT") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+    }
+}
+
+/// The controller binary: `SCALEDOWN_CONTROLLER_BIN` if set (with `SCALEDOWN_CHECKOUT`), else the
+/// one cargo built with the tests.
+pub fn controller_bin() -> PathBuf {
+    match std::env::var_os("SCALEDOWN_CONTROLLER_BIN") {
+        Some(bin) if !bin.is_empty() => PathBuf::from(bin),
+        _ => PathBuf::from(env!("CARGO_BIN_EXE_statefulset-scaledown-controller")),
+    }
 }
 
 /// The Makefile's `IMAGE` (`IMAGE ?= ...`): the image `make image` builds and the chart and the

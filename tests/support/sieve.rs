@@ -376,7 +376,7 @@ impl Sieve {
             "contexts": [{"name": "sieve", "context": {"cluster": "sieve", "user": "sieve"}}],
             "current-context": "sieve",
         });
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/e2e-tokens");
+        let dir = super::repo_dir().join("target/e2e-tokens");
         std::fs::create_dir_all(&dir).expect("token dir");
         let path = dir.join(format!("{name}-sieve.kubeconfig"));
         std::fs::write(&path, config.to_string()).expect("write the sieve kubeconfig");
