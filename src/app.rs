@@ -25,9 +25,6 @@ use crate::settings::{self, Settings};
 use crate::shutdown::{self, SHUTDOWN_GRACE};
 use crate::{podbound, releaser, scaledown};
 
-/// Name the controller reports Events and writes under.
-pub const CONTROLLER_NAME: &str = "statefulset-scaledown-controller";
-
 /// The process after flag parsing: listens for signals, builds the client, runs. Returns the exit
 /// code: 0 after a signal, 1 on an error (configuration, lost leadership).
 pub async fn start(args: Args) -> i32 {

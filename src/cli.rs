@@ -4,10 +4,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 
 use crate::error::Error;
 use crate::scaledown::decide::Policy;
+pub use crate::telemetry::LogFormat;
 
 /// File where Kubernetes mounts the namespace of a pod's ServiceAccount.
 const SERVICEACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
@@ -164,12 +165,6 @@ pub struct Args {
     pub log_to_stderr: bool,
     #[arg(long = "v", hide = true)]
     pub glog_verbosity: Option<u8>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 impl Args {

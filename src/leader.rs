@@ -28,6 +28,7 @@ use tracing::{debug, info, warn};
 
 mod lease;
 
+pub use lease::ElectionConfig;
 use lease::{Attempt, Elector};
 
 use crate::error::{Error, Result};
@@ -100,17 +101,6 @@ impl Leadership {
 
 /// How long the release of the Lease may take at shutdown (within the process's shutdown grace).
 const RELEASE_TIMEOUT: Duration = Duration::from_millis(400);
-
-/// Election settings, from the flags.
-#[derive(Clone, Debug)]
-pub struct ElectionConfig {
-    pub namespace: String,
-    pub lease_name: String,
-    pub identity: String,
-    pub lease_duration: Duration,
-    pub renew_deadline: Duration,
-    pub retry_period: Duration,
-}
 
 /// Takes part in the election until `shutdown` resolves (then releases the Lease and returns Ok)
 /// or leadership is lost (then returns `Err`, and the process should exit non-zero).

@@ -48,4 +48,6 @@ pub mod template;
 #[cfg(test)]
 mod docs;
 #[cfg(test)]
+mod layering;
+#[cfg(test)]
 mod mock_api;

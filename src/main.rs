@@ -9,7 +9,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    if let Err(e) = telemetry::init_logging(&args) {
+    if let Err(e) = telemetry::init_logging(&args.log_level, args.log_format) {
         // clap has checked --log-level already; this is the same check, for the same message.
         eprintln!("error: --log-level: {e}");
         std::process::exit(2);

@@ -8,7 +8,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::pass::Controller;
+use crate::naming::Controller;
 
 /// Prefix of every metric name.
 pub const PREFIX: &str = "scaledown";
@@ -18,7 +18,7 @@ fn pass_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 14))
 }
 
-/// The controller a pass belongs to (`pass::Controller`).
+/// The controller a pass belongs to (`naming::Controller`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
     pub controller: &'static str,

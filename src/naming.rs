@@ -89,6 +89,52 @@ pub fn parse_ordinal(s: &str) -> Option<u32> {
     s.parse::<u32>().ok().filter(|n| *n <= i32::MAX as u32)
 }
 
+/// Claim annotation naming the pod (same namespace) whose life the claim shares.
+pub const BOUND_TO_POD_ANNOTATION: &str = "statefulsets.kubernetes.io/bound-to-pod";
+/// Claim annotation written by the controller: `<pod>@<RFC 3339 time>`, when it first saw the
+/// claim wait for that pod (named by [`BOUND_TO_POD_ANNOTATION`], not there). The grace of a claim
+/// whose pod never shows counts from this time, not from the claim's creation.
+pub const WAITING_SINCE_ANNOTATION: &str = "statefulsets.kubernetes.io/bound-to-pod-waiting-since";
+
+// The PV releaser's keys.
+/// StorageClass annotation naming the releaser that may release its PVs (plumber-cd's key).
+pub const CONTROLLER_ID_ANNOTATION: &str = "reclaimable-pv-releaser.kubernetes.io/controller-id";
+/// StorageClass annotation (ours): a pod template run on a Released PV before it is released.
+pub const SCRUB_TEMPLATE_ANNOTATION: &str =
+    "reclaimable-pv-releaser.kubernetes.io/scrub-pod-template";
+/// PV annotation written only by the releaser: `<state>:<UID of the temporary claim>`.
+pub const SCRUB_STATE_ANNOTATION: &str = "reclaimable-pv-releaser.kubernetes.io/scrub-state";
+/// Label on scrub pods and temporary claims: the PV they are for.
+pub const SCRUB_PV_LABEL: &str = "reclaimable-pv-releaser.kubernetes.io/scrub-pv";
+
+/// The controller's name: the Events' reporting component, the field manager of its writes and
+/// the default Lease name.
+pub const CONTROLLER_NAME: &str = "statefulset-scaledown-controller";
+
+/// The controllers of this process: the value of the `controller` label and log field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Controller {
+    Scaledown,
+    Releaser,
+    PodBound,
+}
+
+impl Controller {
+    pub const ALL: [Controller; 3] = [
+        Controller::Scaledown,
+        Controller::Releaser,
+        Controller::PodBound,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Controller::Scaledown => "scaledown",
+            Controller::Releaser => "pv-releaser",
+            Controller::PodBound => "pod-bound",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,32 +22,9 @@ use tracing::{debug, warn};
 
 use crate::error::{Category, Error, Result};
 use crate::metrics::Metrics;
+use crate::naming::Controller;
 use crate::reason::Reason;
 use crate::report::{Outcome, Reporter};
-
-/// The controllers of this process: the value of the `controller` label and log field.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Controller {
-    Scaledown,
-    Releaser,
-    PodBound,
-}
-
-impl Controller {
-    pub const ALL: [Controller; 3] = [
-        Controller::Scaledown,
-        Controller::Releaser,
-        Controller::PodBound,
-    ];
-
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Controller::Scaledown => "scaledown",
-            Controller::Releaser => "pv-releaser",
-            Controller::PodBound => "pod-bound",
-        }
-    }
-}
 
 /// How long an object waits after its `n`-th failed pass in a row: `base` doubling to `max`, or to
 /// `transport_max` when the API server could not be reached (that says nothing about the object,
@@ -333,7 +310,7 @@ impl Drop for Running<'_> {
 #[cfg(test)]
 mod tests;
 
-/// [`parts`] as the flags set them up: Events under [`crate::app::CONTROLLER_NAME`] and this
+/// [`parts`] as the flags set them up: Events under [`crate::naming::CONTROLLER_NAME`] and this
 /// replica's identity, `--dry-run`.
 pub fn from_args<K>(
     controller: Controller,
@@ -345,7 +322,7 @@ where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
     let identity = kube::runtime::events::Reporter {
-        controller: crate::app::CONTROLLER_NAME.into(),
+        controller: crate::naming::CONTROLLER_NAME.into(),
         instance: Some(args.identity()),
     };
     parts(controller, client, identity, metrics, args.dry_run)

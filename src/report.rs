@@ -20,7 +20,7 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;
-use crate::pass::Controller;
+use crate::naming::Controller;
 use crate::reason::{Kind, Reason};
 
 /// How many reported (object, reason, key) are remembered; beyond, the least recently reported

@@ -5,7 +5,12 @@ use std::str::FromStr;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::{LevelFilter, ParseError};
 
-use crate::cli::{Args, LogFormat};
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
 
 /// Why a `--log-level` (or `RUST_LOG`) is refused at start-up, instead of silently logging at
 /// another level than asked for.
@@ -55,8 +60,8 @@ pub fn parse_log_level(spec: &str) -> Result<String, LogLevelError> {
 }
 
 /// Installs the global tracing subscriber from `--log-level` and `--log-format`.
-pub fn init_logging(args: &Args) -> Result<(), LogLevelError> {
-    let filter = log_filter(&args.log_level)?;
+pub fn init_logging(level: &str, format: LogFormat) -> Result<(), LogLevelError> {
+    let filter = log_filter(level)?;
     // Colours only on a terminal, and never with NO_COLOR set (no escape codes in log files).
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
@@ -64,7 +69,7 @@ pub fn init_logging(args: &Args) -> Result<(), LogLevelError> {
         .with_env_filter(filter)
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
-    match args.log_format {
+    match format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Text => builder.init(),
     }
@@ -74,6 +79,7 @@ pub fn init_logging(args: &Args) -> Result<(), LogLevelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::Args;
     use clap::Parser;
 
     /// Levels, targets with levels and span filters start; an unknown level (alone or after a

@@ -444,7 +444,7 @@ fn assert_dashboard_covers(
     }
     // The companions' passes: one query per companion controller names it.
     let joined = queries.join("\n");
-    for controller in statefulset_scaledown_controller::pass::Controller::ALL {
+    for controller in statefulset_scaledown_controller::naming::Controller::ALL {
         let name = controller.as_str();
         if name != "scaledown" {
             assert!(

@@ -745,7 +745,7 @@ async fn a_pv_bound_again_after_the_read_is_left_alone() {
         instance: None,
     };
     let (reporter, _) = pass::parts::<PersistentVolume>(
-        pass::Controller::Releaser,
+        statefulset_scaledown_controller::naming::Controller::Releaser,
         &cluster.client,
         identity,
         &metrics,

@@ -380,8 +380,8 @@ fn inherits_scheduling(set: &StatefulSet, inherit_scheduling: bool) -> bool {
 pub fn prune_claim(claim: &mut Claim) {
     let keep = [
         naming::NEXT_ATTEMPT_ANNOTATION,
-        crate::podbound::observe::BOUND_TO_POD_ANNOTATION,
-        crate::podbound::observe::WAITING_SINCE_ANNOTATION,
+        crate::naming::BOUND_TO_POD_ANNOTATION,
+        crate::naming::WAITING_SINCE_ANNOTATION,
     ];
     prune_meta(claim, &keep);
 }

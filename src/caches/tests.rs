@@ -62,8 +62,8 @@ fn the_claim_index_shares_the_stores_objects() {
 /// A pruned claim keeps what the scale-down controller and pod-bound read.
 #[test]
 fn a_pruned_claim_keeps_our_annotations_only() {
-    let bound = crate::podbound::observe::BOUND_TO_POD_ANNOTATION;
-    let waiting = crate::podbound::observe::WAITING_SINCE_ANNOTATION;
+    let bound = crate::naming::BOUND_TO_POD_ANNOTATION;
+    let waiting = crate::naming::WAITING_SINCE_ANNOTATION;
     let mut c = claim(
         "cache",
         serde_json::json!({bound: "runner", waiting: "runner@2026-11-24T12:00:00Z",

@@ -14,8 +14,18 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::ElectionConfig;
-use crate::app::CONTROLLER_NAME;
+use crate::naming::CONTROLLER_NAME;
+
+/// Election settings, from the flags.
+#[derive(Clone, Debug)]
+pub struct ElectionConfig {
+    pub namespace: String,
+    pub lease_name: String,
+    pub identity: String,
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
 
 /// What one attempt to acquire or renew found.
 #[derive(Clone, Debug, PartialEq, Eq)]

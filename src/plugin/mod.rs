@@ -18,6 +18,8 @@ use crate::scaledown::decide::Policy;
 pub mod read;
 pub mod status;
 
+pub use read::Scope;
+
 #[derive(Debug, Parser)]
 #[command(name = "kubectl-scaledown", bin_name = "kubectl scaledown", version = crate::cli::VERSION)]
 /// What the StatefulSet scale-down controller sees and would do.
@@ -65,13 +67,6 @@ pub enum Output {
     Table,
     Wide,
     Json,
-}
-
-/// Where to look: one namespace, or all of them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Scope {
-    Namespace(String),
-    All,
 }
 
 /// Runs the command; returns what to print.

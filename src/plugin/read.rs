@@ -11,13 +11,19 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use super::Scope;
 use super::status::SetStatus;
 use crate::error::{Error, Result, code, is_status};
 use crate::naming;
 use crate::scaledown::decide::{Policy, decide};
 use crate::scaledown::observe::{self, SetRead, Sources};
 use crate::scaledown::reconcile::list_namespace;
+
+/// Where to look: one namespace, or all of them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Namespace(String),
+    All,
+}
 
 /// Tries of the finalizer release when the set keeps changing.
 const RELEASE_TRIES: usize = 5;

@@ -11,10 +11,11 @@ use serde_json::json;
 use tracing::{debug, info};
 
 use super::decide::names;
-use super::observe::{ClaimFacts, PodRef, WAITING_SINCE_ANNOTATION, Waiting};
+use super::observe::{ClaimFacts, PodRef, Waiting};
 use crate::apijson;
 use crate::error::{Error, Result, code, is_status};
 use crate::leader::Leadership;
+use crate::naming::WAITING_SINCE_ANNOTATION;
 use crate::reason::Reason;
 use crate::report::{Outcome, Reporter};
 
@@ -281,7 +282,7 @@ mod tests {
         let (client, log) = crate::mock_api::serve(|_| crate::mock_api::deleted());
         let metrics = Arc::new(crate::metrics::Metrics::default());
         let (reporter, _) = crate::pass::test_parts::<PersistentVolumeClaim>(
-            crate::pass::Controller::PodBound,
+            crate::naming::Controller::PodBound,
             &client,
             &metrics,
             true,

@@ -29,9 +29,10 @@ use crate::caches::{Caches, Claim};
 use crate::cli::Args;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
+use crate::naming::BOUND_TO_POD_ANNOTATION;
 use crate::pass;
 use crate::resuming::WatchBackoff;
-use observe::{BOUND_TO_POD_ANNOTATION, claims_of};
+use observe::claims_of;
 use reconcile::{Context, error_policy, reconcile};
 
 /// The pod-bound claims' pass context: the caches it reads (`claims`: the same claims as the
@@ -43,7 +44,8 @@ pub fn context(
     metrics: &Arc<Metrics>,
     leadership: &Arc<Leadership>,
 ) -> Arc<Context> {
-    let (reporter, runner) = pass::from_args(pass::Controller::PodBound, args, client, metrics);
+    let (reporter, runner) =
+        pass::from_args(crate::naming::Controller::PodBound, args, client, metrics);
     let binder = act::Binder::new(client.clone(), reporter, leadership.clone());
     Arc::new(Context::new(
         client.clone(),

@@ -11,12 +11,7 @@ use std::sync::Arc;
 
 use crate::caches::makes_claim;
 
-/// Claim annotation naming the pod (same namespace) whose life the claim shares.
-pub const BOUND_TO_POD_ANNOTATION: &str = "statefulsets.kubernetes.io/bound-to-pod";
-/// Claim annotation written by the controller: `<pod>@<RFC 3339 time>`, when it first saw the
-/// claim wait for that pod (named by [`BOUND_TO_POD_ANNOTATION`], not there). The grace of a claim
-/// whose pod never shows counts from this time, not from the claim's creation.
-pub const WAITING_SINCE_ANNOTATION: &str = "statefulsets.kubernetes.io/bound-to-pod-waiting-since";
+use crate::naming::{BOUND_TO_POD_ANNOTATION, WAITING_SINCE_ANNOTATION};
 
 /// When the controller first saw a claim wait for pod `pod` ([`WAITING_SINCE_ANNOTATION`]).
 #[derive(Clone, Debug, PartialEq, Eq)]

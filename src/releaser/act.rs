@@ -15,8 +15,9 @@ use kube::api::{
 use tracing::{debug, info, warn};
 
 use super::decide::{Blocked, Existing, Plan, existing};
-use super::observe::{PvFacts, Scrub};
+use super::observe::PvFacts;
 use super::scrub;
+use super::scrub::Scrub;
 use crate::apijson;
 use crate::error::{Error, Result, code, is_status};
 use crate::leader::Leadership;

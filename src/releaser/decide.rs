@@ -15,8 +15,9 @@
 //! until the class is fixed), or no scrub namespace for a step that needs one. A template that
 //! breaks while a scrub waits for its pod fails that scrub, as a failed pod would.
 
-use super::observe::{ClaimRead, PvFacts, Scrub, ScrubPod, ScrubTemplate};
+use super::observe::{ClaimRead, PvFacts, ScrubPod, ScrubTemplate};
 use super::scrub;
+use super::scrub::Scrub;
 
 /// What to do about one PV.
 #[derive(Clone, Debug, PartialEq, Eq)]

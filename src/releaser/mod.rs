@@ -30,9 +30,9 @@ use tracing::{debug, warn};
 use crate::cli::Args;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
+use crate::naming::{CONTROLLER_ID_ANNOTATION, SCRUB_PV_LABEL};
 use crate::pass;
 use crate::resuming::{WatchBackoff, resuming};
-use observe::{CONTROLLER_ID_ANNOTATION, SCRUB_PV_LABEL};
 use reconcile::{Context, error_policy, reconcile};
 
 /// The releaser's caches (PVs, StorageClasses, both cluster-wide) and their change streams.
@@ -216,7 +216,8 @@ pub fn context(
     metrics: &Arc<Metrics>,
     leadership: &Arc<Leadership>,
 ) -> Arc<Context> {
-    let (reporter, runner) = pass::from_args(pass::Controller::Releaser, args, client, metrics);
+    let (reporter, runner) =
+        pass::from_args(crate::naming::Controller::Releaser, args, client, metrics);
     let writer = act::Releaser::new(
         client.clone(),
         reporter,

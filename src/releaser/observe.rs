@@ -7,56 +7,8 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use serde_json::Value;
 
-use super::scrub;
-
-/// StorageClass annotation naming the releaser that may release its PVs (plumber-cd's key).
-pub const CONTROLLER_ID_ANNOTATION: &str = "reclaimable-pv-releaser.kubernetes.io/controller-id";
-/// StorageClass annotation (ours): a pod template run on a Released PV before it is released.
-pub const SCRUB_TEMPLATE_ANNOTATION: &str =
-    "reclaimable-pv-releaser.kubernetes.io/scrub-pod-template";
-/// PV annotation written only by the releaser: `<state>:<UID of the temporary claim>`.
-pub const SCRUB_STATE_ANNOTATION: &str = "reclaimable-pv-releaser.kubernetes.io/scrub-state";
-/// Label on scrub pods and temporary claims: the PV they are for.
-pub const SCRUB_PV_LABEL: &str = "reclaimable-pv-releaser.kubernetes.io/scrub-pv";
-
-/// Where the scrub of a PV stands, from the PV's own annotation (only the releaser writes PVs'
-/// annotations it reads; PVs are cluster objects).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Scrub {
-    /// The temporary claim with this UID holds the PV; the scrub pod runs or is to be created.
-    Running(String),
-    /// The scrub pod succeeded; the PV is released once the temporary claim is gone.
-    Scrubbed(String),
-    /// The scrub pod failed: the PV is never handed out.
-    Failed(String),
-}
-
-impl Scrub {
-    pub fn parse(raw: &str) -> Option<Scrub> {
-        let (state, uid) = raw.split_once(':')?;
-        let uid = uid.to_string();
-        match state {
-            "running" => Some(Scrub::Running(uid)),
-            "scrubbed" => Some(Scrub::Scrubbed(uid)),
-            "failed" => Some(Scrub::Failed(uid)),
-            _ => None,
-        }
-    }
-
-    pub fn format(&self) -> String {
-        match self {
-            Scrub::Running(u) => format!("running:{u}"),
-            Scrub::Scrubbed(u) => format!("scrubbed:{u}"),
-            Scrub::Failed(u) => format!("failed:{u}"),
-        }
-    }
-
-    pub fn temp_uid(&self) -> &str {
-        match self {
-            Scrub::Running(u) | Scrub::Scrubbed(u) | Scrub::Failed(u) => u,
-        }
-    }
-}
+use super::scrub::{self, Scrub};
+use crate::naming::{CONTROLLER_ID_ANNOTATION, SCRUB_STATE_ANNOTATION, SCRUB_TEMPLATE_ANNOTATION};
 
 /// The scrub pod of a PV, as the scrub-pod cache shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -4,8 +4,47 @@
 use k8s_openapi::api::core::v1::PersistentVolume;
 use serde_json::{Map, Value, json};
 
-use super::observe::{SCRUB_PV_LABEL, SCRUB_STATE_ANNOTATION, Scrub};
+use crate::naming::{SCRUB_PV_LABEL, SCRUB_STATE_ANNOTATION};
 use crate::template::decode;
+
+/// Where the scrub of a PV stands, from the PV's own annotation (only the releaser writes PVs'
+/// annotations it reads; PVs are cluster objects).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scrub {
+    /// The temporary claim with this UID holds the PV; the scrub pod runs or is to be created.
+    Running(String),
+    /// The scrub pod succeeded; the PV is released once the temporary claim is gone.
+    Scrubbed(String),
+    /// The scrub pod failed: the PV is never handed out.
+    Failed(String),
+}
+
+impl Scrub {
+    pub fn parse(raw: &str) -> Option<Scrub> {
+        let (state, uid) = raw.split_once(':')?;
+        let uid = uid.to_string();
+        match state {
+            "running" => Some(Scrub::Running(uid)),
+            "scrubbed" => Some(Scrub::Scrubbed(uid)),
+            "failed" => Some(Scrub::Failed(uid)),
+            _ => None,
+        }
+    }
+
+    pub fn format(&self) -> String {
+        match self {
+            Scrub::Running(u) => format!("running:{u}"),
+            Scrub::Scrubbed(u) => format!("scrubbed:{u}"),
+            Scrub::Failed(u) => format!("failed:{u}"),
+        }
+    }
+
+    pub fn temp_uid(&self) -> &str {
+        match self {
+            Scrub::Running(u) | Scrub::Scrubbed(u) | Scrub::Failed(u) => u,
+        }
+    }
+}
 
 /// Name of the scrub pod and of the temporary claim of `pv`.
 pub fn name(pv: &str) -> String {

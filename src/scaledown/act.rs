@@ -28,7 +28,7 @@ use crate::reason::Reason;
 use crate::report::{Outcome, Reporter};
 use crate::scaledown::decide::status::{Change, Write};
 use crate::scaledown::decide::{Event, Plan, PodDeletion, Step, Verdict};
-use crate::scaledown::expect::Mark;
+use crate::scaledown::expect::{Gone, Mark};
 use crate::scaledown::observe::{Record, SetFacts, format_records};
 
 /// Field manager of every write we make.
@@ -66,38 +66,6 @@ pub struct Done {
     pub stale: bool,
     /// The next-attempt marks this plan wrote: the claim cache may not show them yet.
     pub marked: Vec<Mark>,
-}
-
-/// An object a delete of ours removed (or found gone), by kind, name and UID.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Gone {
-    pub kind: GoneKind,
-    pub name: String,
-    pub uid: String,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum GoneKind {
-    Claim,
-    Pod,
-}
-
-impl Gone {
-    fn claim(name: &str, uid: &str) -> Gone {
-        Gone {
-            kind: GoneKind::Claim,
-            name: name.into(),
-            uid: uid.into(),
-        }
-    }
-
-    fn pod(name: &str, uid: &str) -> Gone {
-        Gone {
-            kind: GoneKind::Pod,
-            name: name.into(),
-            uid: uid.into(),
-        }
-    }
 }
 
 enum Deleted {

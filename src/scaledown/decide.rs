@@ -40,17 +40,6 @@ use crate::scaledown::observe::{
 };
 use crate::template::{self, Target};
 
-/// How long a gated cleanup pod nobody recorded yet holds its ordinal: longer than any live writer
-/// takes between its create and its record (a few requests), so a second writer never deletes the
-/// first one's pod under it. Older, it is a crashed or failing writer's leftover and is deleted.
-pub const RECORD_GRACE: Duration = Duration::from_secs(30);
-/// How soon a recorded cleanup pod looks again when the StatefulSet controller has not yet seen
-/// the ordinal's old pod go (its status changes wake the set up sooner).
-pub const RELEASE_RECHECK: Duration = Duration::from_secs(2);
-
-/// How soon a set whose cleanups wait for room under `--max-concurrent-cleanups` looks again.
-pub const CAP_RECHECK: Duration = Duration::from_secs(2);
-
 /// Operator settings that shape decisions.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
@@ -92,119 +81,6 @@ impl Policy {
     }
 }
 
-/// What to write, in order. `act` carries the steps out one by one and stops at the first error.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Plan {
-    pub steps: Vec<Step>,
-    /// Look again after this long even if nothing changes (a retry backoff is running).
-    pub requeue_after: Option<Duration>,
-    /// Decided from the cache, and a step needs a live read: read, decide again, and carry out that
-    /// plan instead (this one then has no steps).
-    pub confirm: Option<Confirm>,
-    /// The status annotations to write (`status::change`, added by the pass to the final plan):
-    /// in the finalizer patch or the record patch of this pass if it makes one, else on its own.
-    pub status: Option<status::Change>,
-}
-
-/// What the live read before acting must cover.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Confirm {
-    /// The StatefulSet itself (its spec and our record).
-    Set,
-    /// The set, and the claims and pods of its namespace (before the finalizer is released).
-    SetAndNamespace,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum Step {
-    /// Replace the set's finalizer list, guarded by its resourceVersion.
-    SetFinalizers {
-        finalizers: Vec<String>,
-        resource_version: String,
-        adding: bool,
-    },
-    /// Delete a stateful pod of a set deleted with background propagation.
-    DeleteStatefulPod {
-        name: String,
-        uid: String,
-    },
-    /// Create the cleanup pod (gated); `confirm_created` decides afterwards whether it may run.
-    CreateCleanupPod {
-        ordinal: u32,
-        attempt: u32,
-        pod: Value,
-        /// The claims it mounts (name -> UID), for our record.
-        claims: BTreeMap<String, String>,
-    },
-    /// Remove the confirm gate of a recorded cleanup pod (the process stopped in between).
-    Release {
-        name: String,
-        uid: String,
-    },
-    DeleteClaim {
-        name: String,
-        uid: String,
-    },
-    DeleteCleanupPod {
-        name: String,
-        uid: String,
-        why: PodDeletion,
-        /// How long the cleanup took, from the pod's creation (for the duration metric).
-        ran_for: Option<Duration>,
-    },
-    /// Set (or with `None` remove) the next-attempt mark on a claim.
-    MarkNextAttempt {
-        claim: String,
-        uid: String,
-        attempt: Option<u32>,
-    },
-    Event(Event),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PodDeletion {
-    /// The cleanup succeeded and its claims are deleted.
-    Completed,
-    /// The cleanup succeeded but the ordinal is wanted again: the claims are kept.
-    ScaledUp,
-    /// The cleanup failed; a new attempt follows.
-    Retry,
-    /// A gated pod that never ran: not confirmed (ordinal wanted again) or not ours.
-    NeverRan,
-}
-
-/// An Event on the StatefulSet. `key` identifies the occurrence: the same problem seen on every
-/// reconcile is published once, and distinct occurrences (ordinals, messages) are distinct series.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Event {
-    pub reason: Reason,
-    pub note: String,
-    pub key: String,
-}
-
-/// The verdict on a cleanup pod just created, from a read of the set made after the create.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// Still orphaned: record the pod and let it run.
-    Run,
-    /// Do not run it; delete it (it never ran). The reason says why.
-    Cancel(String),
-}
-
-/// Whether the cleanup pod just created for `ordinal` may run, given a read of the set made after
-/// the pod was created (so it already holds the name: the StatefulSet cannot recreate the ordinal).
-pub fn confirm_created(set: &SetFacts, ordinal: u32) -> Verdict {
-    if set.template.is_none() || set.claim_templates.is_empty() {
-        Verdict::Cancel("the StatefulSet no longer asks for cleanups".into())
-    } else if set.wants(ordinal) {
-        Verdict::Cancel(format!("ordinal {ordinal} is wanted again"))
-    } else if set.when_scaled_delete && !set.deleting {
-        Verdict::Cancel("the claim retention policy deletes the claims".into())
-    } else {
-        Verdict::Run
-    }
-}
-
 /// Whether a recorded cleanup pod may be released (may run): the StatefulSet controller must have
 /// seen the scale-down's condemned pods go, so a late delete by name from it (it sends no UID
 /// precondition) can only meet a pod that never ran. Its status is computed from its own pod
@@ -238,25 +114,6 @@ pub fn next_records(
         .collect();
     records.extend(runs.iter().cloned());
     records
-}
-
-impl Plan {
-    fn event(&mut self, reason: Reason, key: impl Into<String>, note: String) {
-        self.steps.push(Step::Event(Event {
-            reason,
-            note,
-            key: key.into(),
-        }));
-    }
-
-    pub fn requeue(&mut self, after: Duration) {
-        self.requeue_after = Some(self.requeue_after.map_or(after, |d| d.min(after)));
-    }
-
-    /// Marks the plan as needing a live read of this depth before anything is carried out.
-    fn confirm(&mut self, depth: Confirm) {
-        self.confirm = Some(self.confirm.map_or(depth, |d| d.max(depth)));
-    }
 }
 
 /// Why no new cleanup may start on an orphaned ordinal of this set.
@@ -381,20 +238,6 @@ pub fn propagation(o: &Observed) -> Option<Propagation> {
     } else {
         Propagation::Background
     })
-}
-
-impl Step {
-    /// Steps that destroy data or let a cleanup run: decided on a set being deleted, they need a
-    /// live read of its pods (see [`propagation`]).
-    pub fn destructive(&self) -> bool {
-        matches!(
-            self,
-            Step::DeleteStatefulPod { .. }
-                | Step::CreateCleanupPod { .. }
-                | Step::Release { .. }
-                | Step::DeleteClaim { .. }
-        )
-    }
 }
 
 /// Whether a read of this kind is enough for steps that need `depth`.
@@ -1142,8 +985,12 @@ impl CleanupStep<'_> {
 }
 
 mod created;
+pub mod plan;
 pub mod status;
-pub use created::{Admission, admit, runs, verdicts};
+pub use created::{Admission, admit, confirm_created, runs, verdicts};
+pub use plan::{
+    CAP_RECHECK, Confirm, Event, Plan, PodDeletion, RECORD_GRACE, RELEASE_RECHECK, Step, Verdict,
+};
 
 #[cfg(test)]
 mod props;

@@ -28,8 +28,39 @@ use kube::Resource;
 
 use crate::caches::Claim;
 use crate::naming::NEXT_ATTEMPT_ANNOTATION;
-use crate::scaledown::act::{Gone, GoneKind};
 use crate::scaledown::watch::Slice;
+
+/// An object a delete of ours removed (or found gone), by kind, name and UID.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Gone {
+    pub kind: GoneKind,
+    pub name: String,
+    pub uid: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GoneKind {
+    Claim,
+    Pod,
+}
+
+impl Gone {
+    pub(crate) fn claim(name: &str, uid: &str) -> Gone {
+        Gone {
+            kind: GoneKind::Claim,
+            name: name.into(),
+            uid: uid.into(),
+        }
+    }
+
+    pub(crate) fn pod(name: &str, uid: &str) -> Gone {
+        Gone {
+            kind: GoneKind::Pod,
+            name: name.into(),
+            uid: uid.into(),
+        }
+    }
+}
 
 /// How long a delete is expected to reach the caches at the most.
 pub const EXPECTATION_TTL: Duration = Duration::from_secs(300);

@@ -40,7 +40,8 @@ pub fn context(
     metrics: &Arc<Metrics>,
     leadership: &Arc<Leadership>,
 ) -> Arc<Context> {
-    let (reporter, runner) = pass::from_args(pass::Controller::Scaledown, args, client, metrics);
+    let (reporter, runner) =
+        pass::from_args(crate::naming::Controller::Scaledown, args, client, metrics);
     let actor = Actor::new(
         client.clone(),
         reporter,

@@ -22,9 +22,9 @@ use tracing::debug;
 use crate::error::{Error, Result};
 use crate::naming;
 use crate::pass::Runner;
-use crate::scaledown::act::{Actor, Created, Done, GoneKind};
+use crate::scaledown::act::{Actor, Created, Done};
 use crate::scaledown::decide::{self, Confirm, Plan, Policy, Step, Verdict, decide, status};
-use crate::scaledown::expect::{self, Expectations};
+use crate::scaledown::expect::{self, Expectations, GoneKind};
 use crate::scaledown::observe::{
     self, Observed, Phase, PodFacts, PodRole, Rejection, SetFacts, SetRead, Sources,
 };

@@ -8,7 +8,7 @@
 use serde_json::Value;
 use serde_saphyr::budget::BudgetBreach;
 
-use super::{TemplateError, clip};
+use super::error::{TemplateError, clip};
 
 /// Bytes of the annotation value, checked before any parsing (the API server allows 256 KiB for all
 /// annotations of an object together).

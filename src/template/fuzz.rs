@@ -19,6 +19,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use super::tests::{GOOD, selector, target, templates};
 use super::*;
+use crate::reason::Reason;
 
 /// Inputs per `cargo test` run, split over the three generators.
 const DEFAULT_CASES: u32 = 100_000;

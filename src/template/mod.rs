@@ -6,6 +6,7 @@
 //! and rendering stay within the limits of [`decode`] whatever the annotation holds.
 
 pub mod decode;
+mod error;
 #[cfg(test)]
 mod fuzz;
 pub mod inherit;
@@ -23,80 +24,10 @@ pub use self::decode::{
     MAX_ALIASES, MAX_ANCHORS, MAX_DEPTH, MAX_DOCUMENTS, MAX_EVENTS, MAX_INPUT_BYTES,
     MAX_MERGE_KEYS, MAX_NODES, MAX_POD_BYTES, MAX_REPLAYED_EVENTS, MAX_SCALAR_BYTES,
 };
+pub use self::error::TemplateError;
+use self::error::clip;
+pub(crate) use self::error::quoted;
 use crate::naming;
-use crate::reason::Reason;
-
-/// Everything that can be wrong with a template. Each variant is one Warning Event reason. Every
-/// message is short (user text in it is clipped), so it fits an Event and a log line.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum TemplateError {
-    #[error("the annotation is neither JSON nor YAML: {0}")]
-    Unparseable(String),
-    #[error("the template is not a pod: {0}")]
-    NotAPod(String),
-    /// The policy, quoted and clipped.
-    #[error("restartPolicy {0} is not allowed: use OnFailure (the default) or Never")]
-    RestartPolicy(String),
-    #[error(
-        "the cleanup pod's labels {labels} match the StatefulSet's selector, so the StatefulSet controller would adopt and delete it"
-    )]
-    SelectorOverlap { labels: String },
-    /// The volume name, quoted and clipped.
-    #[error(
-        "volume {0} has the name of a claim template but is not a persistentVolumeClaim volume"
-    )]
-    VolumeClash(String),
-    #[error("field {0} may not be set in a cleanup pod template")]
-    ForbiddenField(&'static str),
-    /// The annotation, or the pod rendered from it, is over a size limit.
-    #[error("{what} is {size} bytes, over the limit of {limit} bytes")]
-    TooLarge {
-        what: &'static str,
-        size: usize,
-        limit: usize,
-    },
-    /// The YAML is over one of the parser's limits (named in the message).
-    #[error("the template is over a YAML parser limit: {0}")]
-    OverBudget(String),
-}
-
-impl TemplateError {
-    /// The Event reason for this problem.
-    pub fn reason(&self) -> Reason {
-        match self {
-            TemplateError::Unparseable(_) | TemplateError::NotAPod(_) => {
-                Reason::CleanupTemplateInvalid
-            }
-            TemplateError::RestartPolicy(_) => Reason::CleanupTemplateRestartPolicy,
-            TemplateError::SelectorOverlap { .. } => Reason::CleanupTemplateSelectorOverlap,
-            TemplateError::VolumeClash(_) => Reason::CleanupTemplateVolumeClash,
-            TemplateError::ForbiddenField(_) => Reason::CleanupTemplateForbiddenField,
-            TemplateError::TooLarge { .. } | TemplateError::OverBudget(_) => {
-                Reason::CleanupTemplateTooLarge
-            }
-        }
-    }
-}
-
-/// Bytes of user or parser text kept in an error message.
-const MAX_SHOWN: usize = 200;
-
-/// `text`, cut to at most [`MAX_SHOWN`] bytes at a character boundary.
-fn clip(text: &str) -> String {
-    if text.len() <= MAX_SHOWN {
-        return text.to_string();
-    }
-    let mut end = MAX_SHOWN;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
-}
-
-/// `text` quoted and escaped as Rust's Debug does, then clipped.
-pub(crate) fn quoted(text: &str) -> String {
-    clip(&format!("{text:?}"))
-}
 
 /// A template that passed validation against one StatefulSet.
 #[derive(Clone, Debug, PartialEq)]

@@ -2,6 +2,7 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use super::*;
+use crate::reason::Reason;
 
 pub(super) fn templates() -> Vec<String> {
     vec!["data".into(), "logs".into()]

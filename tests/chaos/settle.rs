@@ -52,6 +52,7 @@ impl World {
                 Ok(snap) => {
                     self.create_missing(&snap).await;
                     self.retire_forged(&snap).await;
+                    self.clear_simulator_artifacts(&snap).await;
                     self.release_failed_wanted(&snap).await;
                     let mut unsettled = self.unsettled(&snap);
                     unsettled
@@ -101,6 +102,39 @@ impl World {
             }
         }
         self.live_forged = keep;
+    }
+
+    /// KWOK patches a pod's status by name: a patch computed for a pod that was deleted a moment
+    /// ago (a forged pod the controller removed) can land on the cleanup pod the controller created
+    /// under the same name, which then reports Running while still gated, with no node. No kubelet
+    /// does that, and no node will ever finish it; a user deletes it (the set's bound grows by one
+    /// create), and the run prints it.
+    async fn clear_simulator_artifacts(&mut self, snap: &Snapshot) {
+        for pod in snap.pods.iter().filter(|p| {
+            looks_like_cleanup(p)
+                && phase(p) == "Running"
+                && p.spec.as_ref().is_none_or(|s| s.node_name.is_none())
+                && p.metadata.deletion_timestamp.is_none()
+        }) {
+            let ns = pod.namespace().unwrap_or_default();
+            let Some((set, _)) = self.owner_of(&ns, &pod.name_any(), false) else {
+                continue;
+            };
+            println!(
+                "chaos: SIMULATOR: pod {ns}/{} uid {} reports Running with no node (KWOK's status \
+                 patch of a deleted pod of that name); deleted as a user would",
+                pod.name_any(),
+                pod.uid().unwrap_or_default()
+            );
+            self.delete_pod(set, &pod.name_any(), pod.uid().as_deref())
+                .await;
+            let def = &self.sets[set];
+            self.namespaces[def.ns].allow_more_cleanup_creates(
+                def.name,
+                1,
+                "the chaos runner deleted a pod KWOK marked Running without a node",
+            );
+        }
     }
 
     /// A set that a deletion of a round took longer than the round to remove is created again
@@ -361,6 +395,14 @@ impl World {
                 if let Some((set, _)) = self.owner_of(&ns, &pod.name_any(), false) {
                     self.delete_pod(set, &pod.name_any(), pod.uid().as_deref())
                         .await;
+                    // Deleting a given-up pod starts a new series (docs/usage.md), in the same
+                    // generation: attempt 1 runs again, by design.
+                    let def = &self.sets[set];
+                    self.namespaces[def.ns].allow_more_cleanup_creates(
+                        def.name,
+                        1,
+                        "the chaos runner deleted a given-up cleanup pod to let the set be deleted",
+                    );
                 }
             }
         }

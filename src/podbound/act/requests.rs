@@ -38,7 +38,7 @@ pub(super) fn pods(names: &[&str]) -> Vec<PodRef> {
 fn binder(client: Client, leadership: Leadership, dry_run: bool) -> Binder {
     let metrics = Arc::new(Metrics::default());
     let (reporter, _) = crate::pass::test_parts::<PersistentVolumeClaim>(
-        crate::pass::Controller::PodBound,
+        crate::naming::Controller::PodBound,
         &client,
         &metrics,
         dry_run,

@@ -63,7 +63,7 @@ where
     let (client, log) = mock_api::serve(answer);
     let metrics = Arc::new(Metrics::default());
     let (reporter, runner) = crate::pass::test_parts::<Claim>(
-        crate::pass::Controller::PodBound,
+        crate::naming::Controller::PodBound,
         &client,
         &metrics,
         false,

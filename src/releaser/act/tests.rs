@@ -9,9 +9,8 @@ use serde_json::{Value, json};
 use super::*;
 use crate::error::Category;
 use crate::mock_api::{self, Answer, Log, Sent};
-use crate::releaser::observe::{
-    ClaimRead, ClaimRef, SCRUB_PV_LABEL, SCRUB_STATE_ANNOTATION, ScrubPod, ScrubTemplate,
-};
+use crate::naming::{SCRUB_PV_LABEL, SCRUB_STATE_ANNOTATION};
+use crate::releaser::observe::{ClaimRead, ClaimRef, ScrubPod, ScrubTemplate};
 
 const PV_PATH: &str = "/api/v1/persistentvolumes/pv-1";
 const OPS_CLAIMS: &str = "/api/v1/namespaces/ops/persistentvolumeclaims";
@@ -54,7 +53,7 @@ fn facts(claim_uid: &str, scrub: Option<Scrub>) -> PvFacts {
 fn writer(client: kube::Client, leadership: Leadership, dry_run: bool) -> (Releaser, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::default());
     let (reporter, _) = crate::pass::test_parts::<PersistentVolume>(
-        crate::pass::Controller::Releaser,
+        crate::naming::Controller::Releaser,
         &client,
         &metrics,
         dry_run,

@@ -38,7 +38,7 @@ fn actor_with(
 ) -> (Actor, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::default());
     let (reporter, _) = crate::pass::test_parts::<StatefulSet>(
-        crate::pass::Controller::Scaledown,
+        crate::naming::Controller::Scaledown,
         &client,
         &metrics,
         dry_run,

@@ -5,9 +5,23 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::{CAP_RECHECK, Plan, Step, Verdict, confirm_created};
+use super::plan::{CAP_RECHECK, Plan, Step, Verdict};
 use crate::naming;
 use crate::scaledown::observe::{Created, Record, SetFacts};
+
+/// Whether the cleanup pod just created for `ordinal` may run, given a read of the set made after
+/// the pod was created (so it already holds the name: the StatefulSet cannot recreate the ordinal).
+pub fn confirm_created(set: &SetFacts, ordinal: u32) -> Verdict {
+    if set.template.is_none() || set.claim_templates.is_empty() {
+        Verdict::Cancel("the StatefulSet no longer asks for cleanups".into())
+    } else if set.wants(ordinal) {
+        Verdict::Cancel(format!("ordinal {ordinal} is wanted again"))
+    } else if set.when_scaled_delete && !set.deleting {
+        Verdict::Cancel("the claim retention policy deletes the claims".into())
+    } else {
+        Verdict::Run
+    }
+}
 
 /// Slack added to the shortest wait before the set looks again, so it wakes after the wait ended.
 const WAKE_SLACK: Duration = Duration::from_millis(100);

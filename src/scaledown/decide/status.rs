@@ -5,74 +5,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Event, Plan, Step};
+pub use super::plan::{Change, Line, Status, Write};
+use super::plan::{Event, Plan, Step};
 use crate::reason::Reason;
 use crate::scaledown::observe::{Observed, PodRole};
-
-/// The status of one opted-in StatefulSet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Status {
-    /// Nothing of ours to do: no claim of an unwanted ordinal, no cleanup pod.
-    Idle,
-    /// Claims of unwanted ordinals are being cleaned (or wait for their turn or the old pod).
-    CleaningUp,
-    /// A cleanup cannot go on without a human (see the reason).
-    Stalled,
-    /// The set carries `statefulsets.kubernetes.io/scaledown-paused: "true"`.
-    Paused,
-}
-
-impl Status {
-    pub const ALL: [Status; 4] = [
-        Status::Idle,
-        Status::CleaningUp,
-        Status::Stalled,
-        Status::Paused,
-    ];
-
-    /// The annotation's value.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Status::Idle => "Idle",
-            Status::CleaningUp => "CleaningUp",
-            Status::Stalled => "Stalled",
-            Status::Paused => "Paused",
-        }
-    }
-
-    pub fn parse(value: &str) -> Option<Status> {
-        Status::ALL.into_iter().find(|s| s.as_str() == value)
-    }
-}
-
-impl std::fmt::Display for Status {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A status and its reason (`Stalled` and `Paused` only).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Line {
-    pub status: Status,
-    pub reason: Option<String>,
-}
-
-/// What to write to the status annotations.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Write {
-    Set(Line),
-    /// The set opted out: remove both annotations.
-    Remove,
-}
-
-/// A change of the status annotations, and the Event that goes with it (pause, resume), published
-/// once the write went through.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Change {
-    pub write: Write,
-    pub event: Option<Event>,
-}
 
 /// Why a cleanup cannot go on, in the order causes are listed in a reason.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -127,8 +127,12 @@ where
     };
     let metrics = Arc::new(Metrics::default());
     let leadership = Arc::new(Leadership::always());
-    let (reporter, runner) =
-        crate::pass::test_parts(crate::pass::Controller::Scaledown, &client, &metrics, false);
+    let (reporter, runner) = crate::pass::test_parts(
+        crate::naming::Controller::Scaledown,
+        &client,
+        &metrics,
+        false,
+    );
     let actor = Actor::new(
         client.clone(),
         reporter,
