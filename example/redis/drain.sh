@@ -55,12 +55,12 @@ for f in "$tmp"/[0-9]*; do
   xargs -n "$batch" redis-cli -p "$REDIS_PORT" MIGRATE "$host" "$REDIS_PORT" "" 0 "$timeout_ms" REPLACE KEYS \
     <"$f" >"$tmp/replies" 2>&1 || true
   grep -vxE 'OK|NOKEY' "$tmp/replies" | sed "s|^|shard $target ($host): |" >>"$tmp/errors" || true
-  report="$report shard $target: $(wc -l <"$f")"
+  report="${report:+$report, }shard $target: $(wc -l <"$f")"
 done
 
 left=$(redis-cli -p "$REDIS_PORT" DBSIZE)
 ms=$(($(now_ms) - t0))
 if [ "$left" -eq 0 ]; then
-  finish 0 "moved all $total keys of shard $o in $ms ms (to${report:- nobody})"
+  finish 0 "moved all $total keys of shard $o in $ms ms (to ${report:-nobody})"
 fi
 finish 1 "$left of $total keys are still on shard $o after $ms ms; first error: $(head -n 1 "$tmp/errors")"
