@@ -530,8 +530,9 @@ async fn redis_drain_refused_by_a_survivor_keeps_the_claim_then_succeeds() {
         );
         eprintln!("e2e_redis: {}: {note}", recorder::event_reason(event));
     }
-    let (status, reason) = env.status().await;
-    assert_eq!(status, "Stalled", "reason: {reason}");
+    // The status is written in a pass of its own after the Event: wait for it.
+    env.wait_status("Stalled").await;
+    let (_, reason) = env.status().await;
     assert_eq!(reason, "CleanupFailed: ordinal 2 gave up after 2 attempts");
     let uids = env.cleanup_uids(2);
     assert_eq!(uids.len(), 2, "two attempts: {uids:?}");
