@@ -11,7 +11,7 @@
 //!   only after that (pod and claim watches, ordered by resourceVersion).
 //! - *Refused drain*: a survivor refusing writes (`min-replicas-to-write 1`) makes the drain of
 //!   shard 2 fail: both attempts exit 1, the claim is kept, the Events carry the exit code and the
-//!   set is `Stalled` with the reason; once the survivor accepts writes and the given-up pod is
+//!   drain's termination message, and the set is `Stalled` with both in the reason; once the survivor accepts writes and the given-up pod is
 //!   deleted (docs/usage.md, *Failure*), the next drain succeeds and every key reads back.
 //!
 //! Run with `hack/with-cluster.sh cargo test --test e2e_redis` (or `make e2e`).
@@ -523,8 +523,12 @@ async fn redis_drain_refused_by_a_survivor_keeps_the_claim_then_succeeds() {
         (&gave_up, "(attempt 2 of 2)"),
     ] {
         let note = event_note(event);
+        // The exit code, and the drain's own words (its termination message).
         assert!(
-            note.contains(attempt) && note.contains("exit code 1"),
+            note.contains(attempt)
+                && note.contains("exit code 1 (")
+                && note.contains("still on shard 2")
+                && note.contains("NOREPLICAS"),
             "{}: {note}",
             recorder::event_reason(event)
         );
@@ -533,7 +537,13 @@ async fn redis_drain_refused_by_a_survivor_keeps_the_claim_then_succeeds() {
     // The status is written in a pass of its own after the Event: wait for it.
     env.wait_status("Stalled").await;
     let (_, reason) = env.status().await;
-    assert_eq!(reason, "CleanupFailed: ordinal 2 gave up after 2 attempts");
+    assert!(
+        reason.starts_with("CleanupFailed: ordinal 2 gave up after 2 attempts (")
+            && reason.contains("still on shard 2")
+            && reason.contains("NOREPLICAS"),
+        "the reason carries the drain's termination message: {reason}"
+    );
+    eprintln!("e2e_redis: Stalled: {reason}");
     let uids = env.cleanup_uids(2);
     assert_eq!(uids.len(), 2, "two attempts: {uids:?}");
     for uid in &uids {
