@@ -140,15 +140,19 @@ cluster-up:
 cluster-down:
 	hack/cluster.sh down
 
-## demo: the original's walk-through (datastore 3 -> 2) on the local control plane
+## demo: the original's walk-through (datastore 3 -> 2) on the local control plane;
+## `make demo APP=redis`: example/redis re-sharded 3 -> 2 on the real node, keys per shard before
+## and after (hack/demo-redis.sh)
+APP ?= datastore
 demo:
-	hack/demo.sh
+	$(if $(filter redis,$(APP)),hack/demo-redis.sh,$(if $(filter datastore,$(APP)),hack/demo.sh,$(error APP must be datastore or redis)))
 
-## demo-ci: the demo as `make test` runs it: on a cluster of hack/with-cluster.sh (started and stopped
-## if none runs), tables printed only when they change, its namespace and PVs removed at the end; fails
-## if the walk-through takes more than DEMO_TIMEOUT seconds (180) or does not clean exactly once
+## demo-ci: both demos as `make test` runs them: on a cluster of hack/with-cluster.sh (started and
+## stopped if none runs), tables printed only when they change, their namespaces and PVs removed at the
+## end; fails if a walk-through takes more than DEMO_TIMEOUT seconds (180), the datastore one does not
+## clean exactly once, or a key of the redis one does not read back
 demo-ci:
-	hack/with-cluster.sh hack/demo.sh --ci
+	hack/with-cluster.sh bash -c 'hack/demo.sh --ci && hack/demo-redis.sh --ci'
 
 ## image: the OCI image in target/image/oci without a container engine (hack/image.sh): a static
 ## binary on an empty base, reproducible (SOURCE_DATE_EPOCH = the commit's time); prints the digest

@@ -19,7 +19,8 @@
 #
 # The node (default name real-0) is labelled scaledown.test/node=real and tainted
 # scaledown.test/node=real:NoSchedule, so only pods that tolerate the taint land on it. Images:
-# docker.io/library/busybox:latest (Debian's busybox-static, hack/busybox-image.sh) is imported into
+# docker.io/library/busybox:latest (Debian's busybox-static, hack/busybox-image.sh) and
+# docker.io/library/redis:7.0 (Debian's redis-tools, hack/redis-image.sh) are imported into
 # containerd and served by a registry on the namespace's loopback, containerd's only host for
 # docker.io, ghcr.io and localhost, so `busybox` with any pull policy starts, and the controller's
 # image (`push-image`) under its published name. No pull ever leaves the namespace.
@@ -34,6 +35,12 @@
 # cni0 has a fixed MAC address: a bridge without one takes the lowest MAC of its ports, so it
 # changed whenever a pod came or went, and the other pods' cached gateway MAC went stale (their
 # connections to the node and the API server, and the kubelet's probes, stalled for 30 s and more).
+# Cluster DNS: CoreDNS (hack/build-tools.sh coredns) runs in the namespace, serving cluster.local
+# from the API server with its kubernetes plugin on the kube-dns Service's ClusterIP (10.96.0.10, on
+# the namespace's lo like the kubernetes Service), which the kubelet gives pods as clusterDNS. It
+# reads the API server through the api relay as ServiceAccount kube-system/coredns, with the
+# ClusterRole system:coredns a kubeadm install gives it. It forwards nothing: names outside the
+# cluster domain get no answer (network rule).
 # Nothing is added to the host's network configuration. For API server -> kubelet the node's
 # addresses are set by this script (the kubelet runs with --cloud-provider=external, this script
 # plays the cloud controller): InternalIP 10.250.0.1 and Hostname 127.0.0.1, so the API server (which
@@ -70,6 +77,10 @@ registry_port=5000 # on the namespace's own loopback
 # Registries whose only host, for containerd, is that registry.
 mirrored=(docker.io ghcr.io localhost)
 sandbox_image=localhost/scaledown/sandbox:busybox
+# Cluster DNS (see the header): the kube-dns Service's ClusterIP, inside the service CIDR of
+# hack/cluster.sh, and the cluster domain.
+dns_ip=10.96.0.10
+cluster_domain=cluster.local
 packages=(containerd runc containernetworking-plugins busybox-static iptables socat conntrack)
 # Kernel settings the kubelet changes at start (pkg/kubelet/cm); restored by `down`.
 sysctls=(vm.overcommit_memory kernel.panic kernel.panic_on_oops)
@@ -334,6 +345,8 @@ registerWithTaints:
 - {key: scaledown.test/node, value: real, effect: NoSchedule}
 podLogsDir: $rn/pod-logs
 resolvConf: $rn/resolv.conf
+clusterDNS: [$dns_ip]
+clusterDomain: $cluster_domain
 staticPodPath: ""
 maxPods: 30
 serializeImagePulls: false
@@ -405,6 +418,98 @@ ensure_pod_network() {
   start relay-api-service nsenter -t "$(pid_of holder)" -n -- socat "TCP-LISTEN:$port,bind=$ip,fork,reuseaddr" "UNIX-CONNECT:$rn/api.sock"
 }
 
+# Cluster DNS (see the header): the objects a kubeadm install makes for CoreDNS (ServiceAccount,
+# ClusterRole system:coredns and its binding, Service kube-dns with the fixed ClusterIP), a
+# kubeconfig with a token of that ServiceAccount (through the api relay), the Corefile, and
+# CoreDNS itself in the namespace, listening on the ClusterIP (on the namespace's lo).
+start_dns() {
+  local coredns token
+  coredns=$("$here/build-tools.sh" coredns | tail -n 1) || die "hack/build-tools.sh coredns failed"
+  [[ -x "$coredns" ]] || die "hack/build-tools.sh coredns printed '$coredns', not an executable"
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: coredns, namespace: kube-system, labels: {scaledown.test/node: real}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "system:coredns", labels: {scaledown.test/node: real}}
+rules:
+- apiGroups: [""]
+  resources: [endpoints, services, pods, namespaces]
+  verbs: [list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "system:coredns", labels: {scaledown.test/node: real}}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
+subjects:
+- {kind: ServiceAccount, name: coredns, namespace: kube-system}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: kube-dns
+  namespace: kube-system
+  labels: {k8s-app: kube-dns, kubernetes.io/name: CoreDNS, scaledown.test/node: real}
+spec:
+  clusterIP: $dns_ip
+  selector: {k8s-app: kube-dns}
+  ports:
+  - {name: dns, port: 53, protocol: UDP}
+  - {name: dns-tcp, port: 53, protocol: TCP}
+  - {name: metrics, port: 9153, protocol: TCP}
+EOF
+  token=$(kubectl create token coredns -n kube-system --duration=8760h) || die "no token for kube-system/coredns"
+  (
+    umask 077
+    cat >"$rn/coredns.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: scaledown-e2e
+  cluster: {server: "https://127.0.0.1:$api_port", certificate-authority: "$pki/ca.crt"}
+users:
+- name: coredns
+  user: {token: "$token"}
+contexts:
+- name: coredns
+  context: {cluster: scaledown-e2e, user: coredns}
+current-context: coredns
+EOF
+  )
+  # kubeadm's Corefile without forward, loop and reload (nothing outside the cluster domain is
+  # asked; the file does not change); health, ready and metrics on the namespace's loopback.
+  cat >"$rn/Corefile" <<EOF
+.:53 {
+    bind $dns_ip
+    errors
+    health 127.0.0.1:8080
+    ready 127.0.0.1:8181
+    kubernetes $cluster_domain in-addr.arpa ip6.arpa {
+        kubeconfig $rn/coredns.kubeconfig
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+        ttl 30
+    }
+    prometheus 127.0.0.1:9153
+    cache 30 {
+        disable success $cluster_domain
+        disable denial $cluster_domain
+    }
+    loadbalance
+}
+EOF
+  nsenter -t "$(pid_of holder)" -n -- ip addr replace "$dns_ip/32" dev lo
+  start coredns nsenter -t "$(pid_of holder)" -n -- "$coredns" -conf "$rn/Corefile"
+  wait_for 30 coredns "CoreDNS ready (kubernetes plugin synced) on the namespace's 127.0.0.1:8181" dns_ready
+}
+
+dns_ready() { alive coredns && in_ns curl -fsS --max-time 2 "http://127.0.0.1:8181/ready" >/dev/null 2>&1; }
+
 # The EXIT trap of a failed `up`: keeps this start's logs (only this start's: an older copy goes)
 # in target/real-node-logs-failed, says which they are, and stops what was started.
 up_failed() {
@@ -427,7 +532,7 @@ cmd_up() {
   mkdir -p "$root/target"
   exec 8>"$lock"
   flock 8
-  if alive kubelet && alive containerd && node_ready; then
+  if alive kubelet && alive containerd && alive coredns && node_ready; then
     ensure_pod_network
     log "already up (node $node)"
     return 0
@@ -512,6 +617,14 @@ cmd_up() {
   in_ns ctr -a "$rn/containerd.sock" -n k8s.io images push --plain-http \
     "127.0.0.1:$registry_port/scaledown/sandbox:busybox" "$sandbox_image" >>"$rn/logs/import.log" 2>&1 ||
     { tail -n 20 "$rn/logs/import.log" >&2; die "pushing the sandbox image to the mirror failed"; }
+  # Redis 7.0 from Debian's packages (hack/redis-image.sh, cached), for example/redis: redis:7.0.
+  "$here/redis-image.sh" "$rn/redis-oci.tar" || die "hack/redis-image.sh failed"
+  ctr -a "$rn/containerd.sock" -n k8s.io images import "$rn/redis-oci.tar" >>"$rn/logs/import.log" 2>&1 ||
+    { tail -n 20 "$rn/logs/import.log" >&2; die "importing the redis image failed"; }
+  in_ns ctr -a "$rn/containerd.sock" -n k8s.io images push --plain-http \
+    "127.0.0.1:$registry_port/library/redis:7.0" docker.io/library/redis:7.0 >>"$rn/logs/import.log" 2>&1 ||
+    { tail -n 20 "$rn/logs/import.log" >&2; die "pushing the redis image to the mirror failed"; }
+  rm -f "$rn/redis-oci.tar"
   echo "[timing] real-node image import and mirror: $((SECONDS - ti)) s"
 
   # The kubelet's identity (system:node:$node in system:nodes) gets the system:node role; the API
@@ -538,6 +651,10 @@ provisioner: kubernetes.io/no-provisioner
 volumeBindingMode: WaitForFirstConsumer
 reclaimPolicy: Retain
 EOF
+
+  local td=$SECONDS
+  start_dns
+  echo "[timing] real-node CoreDNS ready: $((SECONDS - td)) s"
 
   local tk=$SECONDS
   start kubelet nsenter -t "$(pid_of holder)" -n -m -- "$kubelet_dir/kubelet" \
@@ -594,6 +711,7 @@ teardown() {
   fi
   stop containerd 15
   stop registry 3
+  stop coredns 3
   local n
   for n in relay-api-service relay-kubelet-host relay-kubelet-ns relay-api-ns relay-api-host; do stop "$n" 3; done
   # Shims, containers and anything else still in the namespaces or the kubepods cgroups.
@@ -630,6 +748,8 @@ teardown() {
     kubectl delete node "$node" --ignore-not-found --wait=false >/dev/null 2>&1 || true
     kubectl delete clusterrolebinding "scaledown-real-node-$node" --ignore-not-found >/dev/null 2>&1 || true
     kubectl delete storageclass real-hostpath --ignore-not-found >/dev/null 2>&1 || true
+    kubectl delete -n kube-system service/kube-dns serviceaccount/coredns --ignore-not-found >/dev/null 2>&1 || true
+    kubectl delete clusterrolebinding/system:coredns clusterrole/system:coredns --ignore-not-found >/dev/null 2>&1 || true
   fi
   if [[ -d "$rn/logs" ]]; then
     rm -rf "$root/target/real-node-logs-last"
@@ -659,8 +779,8 @@ cmd_down() {
 }
 
 cmd_status() {
-  if alive kubelet && alive containerd && node_ready; then
-    echo "up: node $node Ready; kubelet pid $(pid_of kubelet), containerd pid $(pid_of containerd)"
+  if alive kubelet && alive containerd && alive coredns && node_ready; then
+    echo "up: node $node Ready; kubelet pid $(pid_of kubelet), containerd pid $(pid_of containerd), CoreDNS pid $(pid_of coredns)"
     return 0
   fi
   if [[ -e "$rn" ]]; then echo "down (stale state in $rn; 'hack/real-node.sh down' cleans it)"; else echo "down"; fi

@@ -103,10 +103,10 @@ reasons! {
         when "the ordinal was scaled up while its cleanup ran; the claims are kept",
     /// A cleanup pod failed, or the kubelet restarted its failed container (the note: what next).
     Warning CleanupFailed = "CleanupFailed"
-        when "a cleanup pod failed, or the kubelet restarted its failed container (`restartPolicy: OnFailure`) (reason, exit code, what happens next)",
+        when "a cleanup pod failed, or the kubelet restarted its failed container (`restartPolicy: OnFailure`) (reason, exit code, the failed pod's termination message, what happens next)",
     /// The last attempt failed (the pod stays), or the API server refused the pod every attempt.
     Warning CleanupGaveUp = "CleanupGaveUp"
-        when "the last attempt failed (the pod stays), or the API server refused the pod `--cleanup-attempts` times",
+        when "the last attempt failed (the pod stays; its exit code and termination message), or the API server refused the pod `--cleanup-attempts` times",
     /// The template annotation is not JSON or YAML, or not a pod.
     Warning CleanupTemplateInvalid = "CleanupTemplateInvalid"
         when "the annotation is not JSON/YAML, or not a pod",

@@ -937,6 +937,9 @@ impl CleanupStep<'_> {
         if let Some(code) = failure.and_then(|f| f.exit_code) {
             what.push_str(&format!(", exit code {code}"));
         }
+        if let Some(message) = failure.and_then(|f| f.message.as_deref()) {
+            what.push_str(&format!(" ({message})"));
+        }
         let no_retry = if !self.view.orphaned(self.ordinal) {
             Some("ordinal is wanted again")
         } else {

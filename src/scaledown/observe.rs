@@ -269,6 +269,29 @@ pub struct Failure {
     pub reason: String,
     pub exit_code: Option<i32>,
     pub finished_at: Option<Timestamp>,
+    /// The failed container's termination message (`terminationMessagePath`, or the tail of its
+    /// log under `terminationMessagePolicy: FallbackToLogsOnError`), as [`said`] shortens it.
+    pub message: Option<String>,
+}
+
+/// At most this many characters of a container's termination message go into Events and the
+/// status reason (an Event's note holds at most 1 KiB).
+pub const MESSAGE_CHARS: usize = 300;
+
+/// A termination message on one line (runs of whitespace as one space) and at most
+/// [`MESSAGE_CHARS`] characters, its end kept (the last lines of a log say why it failed); `None`
+/// when it is blank.
+pub fn said(message: &str) -> Option<String> {
+    let line = message.split_whitespace().collect::<Vec<_>>().join(" ");
+    let count = line.chars().count();
+    if count == 0 {
+        return None;
+    }
+    if count <= MESSAGE_CHARS {
+        return Some(line);
+    }
+    let tail: String = line.chars().skip(count - (MESSAGE_CHARS - 1)).collect();
+    Some(format!("…{tail}"))
 }
 
 /// Objects to observe one StatefulSet from: the caches, or objects read live from the API server.
@@ -695,6 +718,7 @@ fn failure_of(pod: &Pod) -> Failure {
         reason,
         exit_code: failed.map(|t| t.exit_code),
         finished_at,
+        message: failed.and_then(|t| t.message.as_deref()).and_then(said),
     }
 }
 

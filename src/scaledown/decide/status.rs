@@ -13,8 +13,15 @@ use crate::scaledown::observe::{Observed, PodRole};
 /// Why a cleanup cannot go on, in the order causes are listed in a reason.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Stall {
-    GaveUp { attempts: u32 },
-    Refused { code: u16, given_up: bool },
+    /// With the last attempt's termination message, if it left one.
+    GaveUp {
+        attempts: u32,
+        message: Option<String>,
+    },
+    Refused {
+        code: u16,
+        given_up: bool,
+    },
     Template(Reason),
     Stuck,
     Terminating,
@@ -30,8 +37,11 @@ impl Stall {
     fn render(&self, ordinals: &BTreeSet<u32>) -> String {
         let which = ordinal_list(ordinals);
         match self {
-            Stall::GaveUp { attempts } => {
-                format!("CleanupFailed: {which} gave up after {attempts} attempts")
+            Stall::GaveUp { attempts, message } => {
+                let said = message
+                    .as_ref()
+                    .map_or(String::new(), |m| format!(" ({m})"));
+                format!("CleanupFailed: {which} gave up after {attempts} attempts{said}")
             }
             Stall::Refused { code, given_up } => {
                 let next = if *given_up { "given up" } else { "retrying" };
@@ -157,6 +167,7 @@ fn stalls(o: &Observed, plan: &Plan, contended: &BTreeSet<u32>) -> BTreeMap<Stal
             }
             Reason::CleanupGaveUp => Stall::GaveUp {
                 attempts: ordinal.and_then(|n| attempt(o, n)).unwrap_or(1),
+                message: ordinal.and_then(|n| last_words(o, n)),
             },
             Reason::CleanupTemplateInvalid
             | Reason::CleanupTemplateTooLarge
@@ -213,6 +224,14 @@ fn stalls(o: &Observed, plan: &Plan, contended: &BTreeSet<u32>) -> BTreeMap<Stal
 fn attempt(o: &Observed, ordinal: u32) -> Option<u32> {
     match &o.ordinals.get(&ordinal)?.pod.as_ref()?.role {
         PodRole::Cleanup(c) => Some(c.attempt),
+        _ => None,
+    }
+}
+
+/// The termination message of the failed cleanup pod of `ordinal`, if it left one.
+fn last_words(o: &Observed, ordinal: u32) -> Option<String> {
+    match &o.ordinals.get(&ordinal)?.pod.as_ref()?.role {
+        PodRole::Cleanup(c) => c.failure.as_ref()?.message.clone(),
         _ => None,
     }
 }

@@ -96,6 +96,7 @@ pub(super) fn cleanup(ordinal: u32, phase: Phase, attempt: u32) -> PodFacts {
                 reason: "Error".into(),
                 exit_code: Some(1),
                 finished_at: Some(t0()),
+                message: None,
             }),
             created: None,
         }),
@@ -1344,5 +1345,40 @@ fn inherited_fields_over_the_size_limit_are_a_warning_and_no_pod() {
         plan(&o),
         ["create web-2#1"],
         "opting out lets the pod through"
+    );
+}
+
+/// The Events of a failed cleanup carry what its container said (its termination message).
+#[test]
+fn failure_events_carry_the_termination_message() {
+    let note_of = |attempt: u32| {
+        let mut o = with_claims(web(2), 0..3, 0..2);
+        let mut pod = cleanup(2, Phase::Failed, attempt);
+        if let PodRole::Cleanup(c) = &mut pod.role
+            && let Some(f) = c.failure.as_mut()
+        {
+            f.message = Some("166 of 346 keys left: NOREPLICAS".into());
+        }
+        set_pod(&mut o, 2, pod);
+        let p = decide(&o, &Policy::default());
+        p.steps
+            .iter()
+            .find_map(|s| match s {
+                Step::Event(e) => Some((e.reason, e.note.clone())),
+                _ => None,
+            })
+            .expect("an event")
+    };
+    let (reason, note) = note_of(1);
+    assert_eq!(reason, Reason::CleanupFailed);
+    assert!(
+        note.contains("exit code 1 (166 of 346 keys left: NOREPLICAS); retrying"),
+        "{note}"
+    );
+    let (reason, note) = note_of(3);
+    assert_eq!(reason, Reason::CleanupGaveUp);
+    assert!(
+        note.contains("exit code 1 (166 of 346 keys left: NOREPLICAS); giving up"),
+        "{note}"
     );
 }

@@ -344,6 +344,51 @@ fn restarts_table() {
     }
 }
 
+/// What a failed cleanup pod said: its failed container's termination message, on one line and
+/// bounded, its end kept; none when blank or absent.
+#[test]
+fn termination_message_table() {
+    use crate::scaledown::observe::{MESSAGE_CHARS, cleanup_facts, said};
+    let long = format!("{}END", "x".repeat(2 * MESSAGE_CHARS));
+    let rows: Vec<(&str, serde_json::Value, Option<String>)> = vec![
+        ("none", json!({"exitCode": 1}), None),
+        ("blank", json!({"exitCode": 1, "message": " \n "}), None),
+        (
+            "lines joined",
+            json!({"exitCode": 1, "message": "3 keys left\n  first error: NOREPLICAS\n"}),
+            Some("3 keys left first error: NOREPLICAS".into()),
+        ),
+        (
+            "long: the end kept",
+            json!({"exitCode": 1, "message": long}),
+            Some(format!("…{}END", "x".repeat(MESSAGE_CHARS - 4))),
+        ),
+    ];
+    for (what, terminated, want) in rows {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web-2", "annotations": {naming::ATTEMPT_ANNOTATION: "1"}},
+            "status": {"phase": "Failed", "containerStatuses": [
+                {"name": "ok", "restartCount": 0, "state": {"terminated": {"exitCode": 0, "message": "fine"}}},
+                {"name": "main", "restartCount": 0, "state": {"terminated": terminated}}]}
+        }))
+        .expect("pod");
+        let facts = cleanup_facts(&p, &Default::default());
+        let got = facts.failure.and_then(|f| f.message);
+        if let Some(g) = &got {
+            assert!(
+                g.chars().count() <= MESSAGE_CHARS,
+                "{what}: {} chars",
+                g.chars().count()
+            );
+        }
+        assert_eq!(got, want, "{what}");
+    }
+    assert_eq!(
+        said("é".repeat(MESSAGE_CHARS + 1).as_str()).map(|s| s.chars().count()),
+        Some(MESSAGE_CHARS)
+    );
+}
+
 /// Issue 23: whose claim a claim is, beyond its name. Set `db` (template `data-my`, labels
 /// `app=db`) and set `my-db` (template `data`, labels `app=my-db`) both give `data-my-db-0`.
 #[test]

@@ -415,3 +415,34 @@ fn an_opted_out_set_loses_the_annotations_with_its_finalizer() {
     assert_eq!(change_of(&bare), None, "nothing to remove");
     assert!(naming::STATUS_ANNOTATION.ends_with("scaledown-status"));
 }
+
+/// A cleanup's own words: the termination message of the last failed attempt goes into the reason,
+/// per ordinal (two ordinals that said different things are listed apart, in ordinal order).
+#[test]
+fn a_given_up_cleanup_says_why_in_the_reason() {
+    let says = |o: &mut Observed, n: u32, message: &str| {
+        let mut pod = cleanup(n, Phase::Failed, 3);
+        if let PodRole::Cleanup(c) = &mut pod.role
+            && let Some(f) = c.failure.as_mut()
+        {
+            f.message = Some(message.into());
+        }
+        set_pod(o, n, pod);
+    };
+    let mut one = failed_last_attempt(&[]);
+    says(&mut one, 2, "3 keys left: NOREPLICAS");
+    assert_eq!(
+        status_of(&one, &[]).1.as_deref(),
+        Some("CleanupFailed: ordinal 2 gave up after 3 attempts (3 keys left: NOREPLICAS)")
+    );
+    let mut two = failed_last_attempt(&[]);
+    says(&mut two, 3, "disk full");
+    says(&mut two, 2, "3 keys left: NOREPLICAS");
+    assert_eq!(
+        status_of(&two, &[]).1.as_deref(),
+        Some(
+            "CleanupFailed: ordinal 2 gave up after 3 attempts (3 keys left: NOREPLICAS); \
+             CleanupFailed: ordinal 3 gave up after 3 attempts (disk full)"
+        )
+    );
+}
