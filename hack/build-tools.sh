@@ -3,7 +3,7 @@
 # into the cache beside the control plane, keyed by its version, the toolchain and this recipe.
 # Prints the path of the binary as the last line of stdout.
 #
-#   hack/build-tools.sh umoci|crane|helm|runc|cargo-cyclonedx
+#   hack/build-tools.sh umoci|crane|helm|runc|krew|cargo-cyclonedx
 #
 # The build is atomic (temp dir + rename) and serialised with flock, as hack/build-control-plane.sh.
 #
@@ -27,9 +27,10 @@ umoci) version=$UMOCI_VERSION ;;
 crane) version=$CRANE_VERSION ;;
 helm) version=$HELM_VERSION ;;
 runc) version=$RUNC_VERSION ;;
+krew) version=$KREW_VERSION ;;
 cargo-cyclonedx) version=$CARGO_CYCLONEDX_VERSION ;;
 *)
-  echo "usage: $0 umoci|crane|helm|runc|cargo-cyclonedx" >&2
+  echo "usage: $0 umoci|crane|helm|runc|krew|cargo-cyclonedx" >&2
   exit 2
   ;;
 esac
@@ -86,6 +87,12 @@ runc)
   # runc needs cgo (its nsenter); seccomp is left out (no libseccomp headers needed).
   CGO_ENABLED=1 GOBIN="$tmp" go install -trimpath -tags "" -ldflags "-s -w" "github.com/opencontainers/runc@$version"
   "$tmp/runc" --version | grep -q "runc version ${version#v}"
+  ;;
+krew)
+  # Left unstamped on purpose: krew skips its upgrade check (a call to GitHub) in a development
+  # build, and the tests set KREW_NO_UPGRADE_CHECK as well.
+  GOBIN="$tmp" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/krew/cmd/krew@$version"
+  KREW_ROOT="$tmp/root" KREW_NO_UPGRADE_CHECK=1 "$tmp/krew" version >/dev/null
   ;;
 cargo-cyclonedx)
   cargo install --quiet --locked --root "$tmp/src" "cargo-cyclonedx" --version "$version" >&2
