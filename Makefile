@@ -9,7 +9,7 @@ FUZZ_CASES ?= 1000000
 # The image, named in one place; artifacts/*.yaml use the same (a test checks it).
 IMAGE ?= ghcr.io/statefulset-scaledown/statefulset-scaledown-controller:0.1.0
 
-.PHONY: test fmt-check clippy unit fuzz props e2e e2e-oldest e2e-faults chaos chaos-ci bench bench-report control-plane cluster-up cluster-down demo demo-ci build plugin image image-push docker-image manifests deny audit
+.PHONY: test fmt-check clippy unit fuzz props e2e e2e-oldest e2e-faults chaos chaos-ci bench bench-report control-plane cluster-up cluster-down demo demo-ci build plugin krew image image-push docker-image manifests deny audit
 
 ## test: formatting, lints, unit tests, e2e tests, the demo, the fault tests and a short seeded chaos
 ## run on the local control plane
@@ -41,11 +41,12 @@ E2E_TESTS := $(patsubst tests/%.rs,--test %,$(filter-out tests/e2e_faults.rs tes
 
 ## e2e: starts the local control plane if none runs, runs tests/e2e_*.rs (but e2e_faults), then
 ## tests/e2e_incluster.rs alone, stops what it started (builds the image first: tests/e2e_image.rs
-## runs it, tests/e2e_incluster.rs starts it on the real node; and the previous version for
-## tests/e2e_upgrade.rs)
+## runs it, tests/e2e_incluster.rs starts it on the real node; the previous version for
+## tests/e2e_upgrade.rs; and krew for tests/e2e_krew.rs)
 e2e: image
 	$(CARGO) build --locked --bins --tests
 	hack/build-previous.sh >/dev/null
+	hack/build-tools.sh krew >/dev/null
 	hack/with-cluster.sh bash -c '$(CARGO) test --locked $(E2E_TESTS) -- --test-threads=$(E2E_THREADS) \
 	  && $(CARGO) test --locked --test e2e_incluster -- --test-threads=1'
 
@@ -115,6 +116,13 @@ build:
 plugin:
 	$(CARGO) build --locked --release --bin kubectl-scaledown
 	@echo "plugin: $(CURDIR)/target/release/kubectl-scaledown"
+
+## krew: the plugin as a Krew release in target/krew/: kubectl-scaledown_vVERSION_OS_ARCH.tar.gz (the
+## static release build and LICENSE) and the plugin manifest scaledown.yaml naming it by URL
+## (KREW_URI_BASE) and sha256 (hack/krew.sh). Install it from the file:
+##   kubectl krew install --manifest=target/krew/scaledown.yaml --archive=target/krew/kubectl-scaledown_v0.1.0_linux_amd64.tar.gz
+krew:
+	hack/krew.sh
 
 ## deny: licenses, bans and sources of the dependency tree (cargo-deny, deny.toml; offline)
 deny:
