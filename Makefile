@@ -148,7 +148,9 @@ cluster-up:
 cluster-down:
 	hack/cluster.sh down
 
-## demo: the original's walk-through (datastore 3 -> 2) on the local control plane
+## demo: the original's walk-through (datastore 3 -> 2) on the local control plane; builds only what
+## it uses (the control plane and kubelet on first use, the controller; not Helm), each long step
+## logged to target/build-logs/ with its progress shown; tables printed only when they change
 demo:
 	hack/demo.sh
 

@@ -14,6 +14,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=tools.env
 source "$here/tools.env"
+# shellcheck source=SCRIPTDIR/progress.sh
+source "$here/progress.sh"
 
 tool=${1:-}
 log() { printf '[build-tools] %s\n' "$*" >&2; }
@@ -61,44 +63,49 @@ mkdir -p "$tmp/src"
 trap 'rm -rf "$tmp"' EXIT
 log "building $tool $version"
 
-case "$tool" in
-umoci)
-  # umoci's go.mod replaces go-mtree by a fork, which `go install pkg@version` refuses; a wrapper
-  # module repeats that replace.
-  gomod=$(go mod download -json "github.com/opencontainers/umoci@$version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')
-  {
-    printf 'module local.test/umocibin\n\ngo 1.26.0\n\nrequire github.com/opencontainers/umoci %s\n\n' "$version"
-    grep '^replace ' "$gomod"
-  } >"$tmp/src/go.mod"
-  printf '//go:build tools\n\npackage tools\n\nimport _ "github.com/opencontainers/umoci/cmd/umoci"\n' >"$tmp/src/tools.go"
-  (cd "$tmp/src" && go mod tidy -e >&2 && go build -trimpath -ldflags "-s -w" -o "$tmp/umoci" github.com/opencontainers/umoci/cmd/umoci)
-  "$tmp/umoci" --version | grep -q "umoci version ${version#v}"
-  ;;
-crane)
-  GOBIN="$tmp" go install -trimpath -ldflags "-s -w" "github.com/google/go-containerregistry/cmd/crane@$version"
-  "$tmp/crane" version >/dev/null
-  ;;
-helm)
-  GOBIN="$tmp" go install -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$version" "helm.sh/helm/v4/cmd/helm@$version"
-  "$tmp/helm" version --short >/dev/null
-  ;;
-runc)
-  # runc needs cgo (its nsenter); seccomp is left out (no libseccomp headers needed).
-  CGO_ENABLED=1 GOBIN="$tmp" go install -trimpath -tags "" -ldflags "-s -w" "github.com/opencontainers/runc@$version"
-  "$tmp/runc" --version | grep -q "runc version ${version#v}"
-  ;;
-krew)
-  # Left unstamped on purpose: krew skips its upgrade check (a call to GitHub) in a development
-  # build, and the tests set KREW_NO_UPGRADE_CHECK as well.
-  GOBIN="$tmp" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/krew/cmd/krew@$version"
-  KREW_ROOT="$tmp/root" KREW_NO_UPGRADE_CHECK=1 "$tmp/krew" version >/dev/null
-  ;;
-cargo-cyclonedx)
-  cargo install --quiet --locked --root "$tmp/src" "cargo-cyclonedx" --version "$version" >&2
-  mv "$tmp/src/bin/cargo-cyclonedx" "$tmp/cargo-cyclonedx"
-  ;;
-esac
+build() {
+  case "$tool" in
+  umoci)
+    # umoci's go.mod replaces go-mtree by a fork, which `go install pkg@version` refuses; a wrapper
+    # module repeats that replace.
+    gomod=$(go mod download -json "github.com/opencontainers/umoci@$version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')
+    {
+      printf 'module local.test/umocibin\n\ngo 1.26.0\n\nrequire github.com/opencontainers/umoci %s\n\n' "$version"
+      grep '^replace ' "$gomod"
+    } >"$tmp/src/go.mod"
+    printf '//go:build tools\n\npackage tools\n\nimport _ "github.com/opencontainers/umoci/cmd/umoci"\n' >"$tmp/src/tools.go"
+    (cd "$tmp/src" && go mod tidy -e >&2 && go build -trimpath -ldflags "-s -w" -o "$tmp/umoci" github.com/opencontainers/umoci/cmd/umoci)
+    "$tmp/umoci" --version | grep -q "umoci version ${version#v}"
+    ;;
+  crane)
+    GOBIN="$tmp" go install -trimpath -ldflags "-s -w" "github.com/google/go-containerregistry/cmd/crane@$version"
+    "$tmp/crane" version >/dev/null
+    ;;
+  helm)
+    GOBIN="$tmp" go install -trimpath \
+      -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$version" "helm.sh/helm/v4/cmd/helm@$version"
+    "$tmp/helm" version --short >/dev/null
+    ;;
+  runc)
+    # runc needs cgo (its nsenter); seccomp is left out (no libseccomp headers needed).
+    CGO_ENABLED=1 GOBIN="$tmp" go install -trimpath -tags "" -ldflags "-s -w" "github.com/opencontainers/runc@$version"
+    "$tmp/runc" --version | grep -q "runc version ${version#v}"
+    ;;
+  krew)
+    # Left unstamped on purpose: krew skips its upgrade check (a call to GitHub) in a development
+    # build, and the tests set KREW_NO_UPGRADE_CHECK as well.
+    GOBIN="$tmp" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/krew/cmd/krew@$version"
+    KREW_ROOT="$tmp/root" KREW_NO_UPGRADE_CHECK=1 "$tmp/krew" version >/dev/null
+    ;;
+  cargo-cyclonedx)
+    cargo install --quiet --locked --root "$tmp/src" "cargo-cyclonedx" --version "$version" >&2
+    mv "$tmp/src/bin/cargo-cyclonedx" "$tmp/cargo-cyclonedx"
+    ;;
+  esac
+}
+# Typical first builds on 2 cores (docs/development/test-cluster.md); the log stays beside the cache.
+declare -A typical=([umoci]=30 [crane]=10 [helm]=204 [runc]=10 [krew]=26 [cargo-cyclonedx]=90)
+progress_run "build $tool $version" "${typical[$tool]}" "$cache/tools/$key.log" build
 
 rm -rf "$tmp/src"
 echo "$tool $version built in $(($(date +%s) - started)) s with $toolchain" >"$tmp/VERSION"

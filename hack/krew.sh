@@ -36,6 +36,8 @@ while (($#)); do
   esac
 done
 log() { printf '[krew] %s\n' "$*" >&2; }
+# shellcheck source=SCRIPTDIR/progress.sh
+source "$root/hack/progress.sh"
 
 meta=$(cargo metadata --locked --no-deps --format-version 1 --manifest-path "$root/Cargo.toml" |
   jq -c '.packages[] | select(.name == "statefulset-scaledown-controller")')
@@ -55,8 +57,9 @@ mkdir -p "$out"
 stage=$(mktemp -d "$out/.stage.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
 if [[ -z "$bin" ]]; then
-  log "building the static kubectl-scaledown (release profile)"
-  "$root/hack/build-static.sh" "$stage/kubectl-scaledown" kubectl-scaledown
+  # The release profile's fat LTO link of the plugin (the crates are shared with `make image`).
+  progress_run "krew: static release build of kubectl-scaledown" 120 "$root/target/build-logs/krew-build.log" \
+    "$root/hack/build-static.sh" "$stage/kubectl-scaledown" kubectl-scaledown
 else
   install -m 0755 "$bin" "$stage/kubectl-scaledown"
 fi
