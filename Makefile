@@ -35,12 +35,13 @@ PROPS_CASES ?= 1000000
 props:
 	PROPS_CASES=$(PROPS_CASES) $(CARGO) test --locked --lib decide::props -- --test-threads=2
 
-# Every tests/e2e_*.rs but the fault tests, which must run alone (`make e2e-faults`), and the
-# in-cluster tests, whose controllers watch every namespace (run after the others, one at a time).
-E2E_TESTS := $(patsubst tests/%.rs,--test %,$(filter-out tests/e2e_faults.rs tests/e2e_incluster.rs,$(sort $(wildcard tests/e2e_*.rs))))
+# Every tests/e2e_*.rs but the fault tests, which must run alone (`make e2e-faults`), the
+# in-cluster tests, whose controllers watch every namespace, and the docs' install commands, which
+# use the manifests' fixed names as tests/e2e_deploy.rs does (both run after the others, one at a time).
+E2E_TESTS := $(patsubst tests/%.rs,--test %,$(filter-out tests/e2e_faults.rs tests/e2e_incluster.rs tests/e2e_docs.rs,$(sort $(wildcard tests/e2e_*.rs))))
 
 ## e2e: starts the local control plane if none runs, runs tests/e2e_*.rs (but e2e_faults), then
-## tests/e2e_incluster.rs alone, stops what it started (builds the image first: tests/e2e_image.rs
+## tests/e2e_incluster.rs and tests/e2e_docs.rs alone, stops what it started (builds the image first: tests/e2e_image.rs
 ## runs it, tests/e2e_incluster.rs starts it on the real node; the previous version for
 ## tests/e2e_upgrade.rs; and krew for tests/e2e_krew.rs)
 e2e: image
@@ -48,14 +49,14 @@ e2e: image
 	hack/build-previous.sh >/dev/null
 	hack/build-tools.sh krew >/dev/null
 	hack/with-cluster.sh bash -c '$(CARGO) test --locked $(E2E_TESTS) -- --test-threads=$(E2E_THREADS) \
-	  && $(CARGO) test --locked --test e2e_incluster -- --test-threads=1'
+	  && $(CARGO) test --locked --test e2e_incluster --test e2e_docs -- --test-threads=1'
 
 ## e2e-oldest: the controller's e2e tests (not the image, chart, deploy and fault tests) on the oldest
 ## supported Kubernetes, OLDEST_K8S, built into the cache on first use (about 10 minutes). Not part of
 ## `make test`; run it with no other cluster up in this checkout.
 OLDEST_K8S ?= v1.34.4
 E2E_OLDEST := $(patsubst tests/%.rs,--test %,$(filter-out tests/e2e_faults.rs tests/e2e_image.rs tests/e2e_incluster.rs \
-  tests/e2e_chart.rs tests/e2e_deploy.rs,$(sort $(wildcard tests/e2e_*.rs))))
+  tests/e2e_chart.rs tests/e2e_deploy.rs tests/e2e_docs.rs,$(sort $(wildcard tests/e2e_*.rs))))
 e2e-oldest:
 	$(CARGO) build --locked --bins --tests
 	hack/build-previous.sh >/dev/null
