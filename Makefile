@@ -9,7 +9,7 @@ FUZZ_CASES ?= 1000000
 # The image, named in one place; artifacts/*.yaml use the same (a test checks it).
 IMAGE ?= ghcr.io/statefulset-scaledown/statefulset-scaledown-controller:0.1.0
 
-.PHONY: test fmt-check clippy unit fuzz props e2e e2e-oldest e2e-faults chaos chaos-ci bench bench-report control-plane cluster-up cluster-down demo demo-ci build plugin image image-push docker-image manifests deny audit
+.PHONY: test fmt-check clippy unit fuzz props e2e e2e-oldest e2e-faults chaos chaos-ci bench bench-report control-plane cluster-up cluster-down demo demo-ci build plugin krew image image-push docker-image manifests deny audit
 
 ## test: formatting, lints, unit tests, e2e tests, the demo, the fault tests and a short seeded chaos
 ## run on the local control plane
@@ -35,26 +35,28 @@ PROPS_CASES ?= 1000000
 props:
 	PROPS_CASES=$(PROPS_CASES) $(CARGO) test --locked --lib decide::props -- --test-threads=2
 
-# Every tests/e2e_*.rs but the fault tests, which must run alone (`make e2e-faults`), and the
-# in-cluster tests, whose controllers watch every namespace (run after the others, one at a time).
-E2E_TESTS := $(patsubst tests/%.rs,--test %,$(filter-out tests/e2e_faults.rs tests/e2e_incluster.rs,$(sort $(wildcard tests/e2e_*.rs))))
+# Every tests/e2e_*.rs but the fault tests, which must run alone (`make e2e-faults`), the
+# in-cluster tests, whose controllers watch every namespace, and the docs' install commands, which
+# use the manifests' fixed names as tests/e2e_deploy.rs does (both run after the others, one at a time).
+E2E_TESTS := $(patsubst tests/%.rs,--test %,$(filter-out tests/e2e_faults.rs tests/e2e_incluster.rs tests/e2e_docs.rs,$(sort $(wildcard tests/e2e_*.rs))))
 
 ## e2e: starts the local control plane if none runs, runs tests/e2e_*.rs (but e2e_faults), then
-## tests/e2e_incluster.rs alone, stops what it started (builds the image first: tests/e2e_image.rs
-## runs it, tests/e2e_incluster.rs starts it on the real node; and the previous version for
-## tests/e2e_upgrade.rs)
+## tests/e2e_incluster.rs and tests/e2e_docs.rs alone, stops what it started (builds the image first: tests/e2e_image.rs
+## runs it, tests/e2e_incluster.rs starts it on the real node; the previous version for
+## tests/e2e_upgrade.rs; and krew for tests/e2e_krew.rs)
 e2e: image
 	$(CARGO) build --locked --bins --tests
 	hack/build-previous.sh >/dev/null
+	hack/build-tools.sh krew >/dev/null
 	hack/with-cluster.sh bash -c '$(CARGO) test --locked $(E2E_TESTS) -- --test-threads=$(E2E_THREADS) \
-	  && $(CARGO) test --locked --test e2e_incluster -- --test-threads=1'
+	  && $(CARGO) test --locked --test e2e_incluster --test e2e_docs -- --test-threads=1'
 
 ## e2e-oldest: the controller's e2e tests (not the image, chart, deploy and fault tests) on the oldest
 ## supported Kubernetes, OLDEST_K8S, built into the cache on first use (about 10 minutes). Not part of
 ## `make test`; run it with no other cluster up in this checkout.
 OLDEST_K8S ?= v1.34.4
 E2E_OLDEST := $(patsubst tests/%.rs,--test %,$(filter-out tests/e2e_faults.rs tests/e2e_image.rs tests/e2e_incluster.rs \
-  tests/e2e_chart.rs tests/e2e_deploy.rs,$(sort $(wildcard tests/e2e_*.rs))))
+  tests/e2e_chart.rs tests/e2e_deploy.rs tests/e2e_docs.rs,$(sort $(wildcard tests/e2e_*.rs))))
 e2e-oldest:
 	$(CARGO) build --locked --bins --tests
 	hack/build-previous.sh >/dev/null
@@ -116,6 +118,13 @@ plugin:
 	$(CARGO) build --locked --release --bin kubectl-scaledown
 	@echo "plugin: $(CURDIR)/target/release/kubectl-scaledown"
 
+## krew: the plugin as a Krew release in target/krew/: kubectl-scaledown_vVERSION_OS_ARCH.tar.gz (the
+## static release build and LICENSE) and the plugin manifest scaledown.yaml naming it by URL
+## (KREW_URI_BASE) and sha256 (hack/krew.sh). Install it from the file:
+##   kubectl krew install --manifest=target/krew/scaledown.yaml --archive=target/krew/kubectl-scaledown_v0.1.0_linux_amd64.tar.gz
+krew:
+	hack/krew.sh
+
 ## deny: licenses, bans and sources of the dependency tree (cargo-deny, deny.toml; offline)
 deny:
 	hack/deny.sh licenses bans sources
@@ -140,7 +149,9 @@ cluster-up:
 cluster-down:
 	hack/cluster.sh down
 
-## demo: the original's walk-through (datastore 3 -> 2) on the local control plane;
+## demo: the original's walk-through (datastore 3 -> 2) on the local control plane; builds only what
+## it uses (the control plane and kubelet on first use, the controller; not Helm), each long step
+## logged to target/build-logs/ with its progress shown; tables printed only when they change.
 ## `make demo APP=redis`: example/redis re-sharded 3 -> 2 on the real node, keys per shard before
 ## and after (hack/demo-redis.sh)
 APP ?= datastore

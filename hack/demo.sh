@@ -2,13 +2,18 @@
 # `make demo`: the Go original's walk-through on the local control plane. Starts the cluster (if it
 # is not up), creates three PersistentVolumes, runs the controller, applies example/statefulset.yaml
 # in namespace `demo`, scales it from 3 to 2 and prints pods and claims until the cleanup pod
-# `datastore-2` came and went and the claim `data-datastore-2` is gone. The cluster stays up
-# afterwards for a look around (`make cluster-down` stops it).
+# `datastore-2` came and went and the claim `data-datastore-2` is gone (the table of pods and claims
+# is printed when it changes, not every poll). The cluster stays up afterwards for a look around
+# (`make cluster-down` stops it).
 #
 #   hack/demo.sh          as above
-#   hack/demo.sh --ci     for CI (`make demo-ci`, part of `make test`; also DEMO_CI=1): prints pods
-#                         and claims only when they change, removes the namespace and its PVs at the
-#                         end, and leaves stopping the cluster to hack/with-cluster.sh
+#   hack/demo.sh --ci     for CI (`make demo-ci`, part of `make test`; also DEMO_CI=1): removes the
+#                         namespace and its PVs at the end, and leaves stopping the cluster to
+#                         hack/with-cluster.sh
+#
+# It builds only what it uses: the control plane (and the real node's kubelet) on the first run,
+# and the controller's debug build; not Helm (SCALEDOWN_HELM=0 when it starts the cluster). Builds
+# and package installs log to target/build-logs/ and show their progress (hack/progress.sh).
 #
 # On the real node (hack/real-node.sh, started by hack/cluster.sh up unless SCALEDOWN_REAL_NODE=0) the
 # example runs for real: it is applied with a toleration and nodeSelector for the node (in the set's
@@ -38,6 +43,8 @@ limit=${DEMO_TIMEOUT:-180}
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+# shellcheck source=SCRIPTDIR/progress.sh
+source hack/progress.sh
 ns=demo
 state=target/cluster
 kubectl=("$state/bin/kubectl" --kubeconfig "$state/kubeconfig")
@@ -54,10 +61,10 @@ last_shown=
 show() {
   local now key
   now=$(state_now)
-  # In CI only what changed (names, readiness and status; not the ages): a minute of identical
-  # tables says nothing.
+  # Only what changed (names, readiness and status; not the ages): a minute of identical tables
+  # says nothing.
   key=$(awk '{print $1, $2, $3}' <<<"$now")
-  if [[ $ci == 1 && "$key" == "$last_shown" ]]; then return; fi
+  if [[ "$key" == "$last_shown" ]]; then return; fi
   last_shown=$key
   echo "\$ kubectl get pods,pvc -n $ns"
   echo "$now"
@@ -69,11 +76,13 @@ fail() {
   exit 1
 }
 
-step "starting the local control plane (the first run builds it from Go modules)"
-hack/cluster.sh up
+step "starting the local control plane (the first run builds it from Go modules, about 5 min)"
+SCALEDOWN_HELM=0 hack/cluster.sh up
 
 step "building the controller"
-cargo build --locked --bin statefulset-scaledown-controller
+# Typical: a cold debug build of the crate on 2 cores; a few seconds once built.
+progress_run "controller (debug build)" 150 target/build-logs/demo-build.log \
+  cargo build --locked --bin statefulset-scaledown-controller
 mkdir -p target/demo
 
 if "${kubectl[@]}" get namespace "$ns" >/dev/null 2>&1; then

@@ -57,6 +57,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
+# shellcheck source=SCRIPTDIR/progress.sh
+source "$here/progress.sh"
 state="$root/target/cluster"
 pki="$state/pki"
 rn="$state/real-node"
@@ -225,11 +227,15 @@ ensure_packages() {
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
   done
   ((${#missing[@]})) || return 0
-  local t0=$SECONDS
-  log "installing ${missing[*]}"
-  if ! apt-cache show "${missing[@]}" >/dev/null 2>&1; then apt-get update -q >&2; fi
+  local t0=$SECONDS apt_log="$root/target/build-logs/real-node-apt.log"
+  log "installing ${missing[*]} with apt-get (log: $apt_log)"
+  # apt's and dpkg's 150 lines go to the log; on a failure its end is printed.
+  if ! apt-cache show "${missing[@]}" >/dev/null 2>&1; then
+    progress_run_quiet "apt-get update" 10 "$root/target/build-logs/real-node-apt-update.log" apt-get update -q
+  fi
   # policy-rc.d: the package's own containerd service must not start (no systemd here, but be sure).
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+  progress_run_quiet "apt-get install" 12 "$apt_log" \
+    env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
   echo "[timing] real-node packages: $((SECONDS - t0)) s"
 }
 
@@ -552,7 +558,8 @@ cmd_up() {
 
   ensure_packages
   local tb=$SECONDS kubelet_dir
-  kubelet_dir=$("$here/build-kubelet.sh" | tail -n 1)
+  # Typical: 36 s with a warm Go build cache (after the control plane); longer cold.
+  kubelet_dir=$(progress_run kubelet 36 "$root/target/build-logs/kubelet.log" "$here/build-kubelet.sh" | tail -n 1)
   [[ -x "$kubelet_dir/kubelet" ]] || die "hack/build-kubelet.sh produced no kubelet"
   echo "[timing] real-node kubelet binary: $((SECONDS - tb)) s"
 

@@ -2,7 +2,7 @@
 //! controller sees and would do, from the cluster and the controller's own rules, and releases the
 //! controller's finalizers when it is uninstalled.
 //!
-//! - `status [-n NS | -A] [SET] [-o wide|json]`: per opted-in StatefulSet the wanted ordinals,
+//! - `status [-n NS | -A] [SET] [-o wide|json|yaml] [--no-headers]`: per opted-in StatefulSet the wanted ordinals,
 //!   orphaned claims, cleanup pods (phase, attempt), give-ups, look-alike pods, the native
 //!   retention-policy conflict, what the controller would write next, and the newest Warning.
 //! - `release-finalizers [-n NS | -A] [SET] [--dry-run]`: removes the finalizer
@@ -26,8 +26,9 @@ pub use read::Scope;
 pub struct PluginArgs {
     #[command(subcommand)]
     pub command: Command,
-    /// Path to a kubeconfig (default: $KUBECONFIG or ~/.kube/config).
-    #[arg(long, global = true, env = "KUBECONFIG")]
+    /// Path to a kubeconfig (default: the files of $KUBECONFIG, merged as kubectl does, or
+    /// ~/.kube/config).
+    #[arg(long, global = true)]
     pub kubeconfig: Option<std::path::PathBuf>,
     /// The kubeconfig context to use.
     #[arg(long, global = true)]
@@ -48,6 +49,9 @@ pub enum Command {
         set: Option<String>,
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
+        /// Leave out the table's header line (as kubectl's --no-headers).
+        #[arg(long)]
+        no_headers: bool,
         /// Attempts before the controller gives up (its --cleanup-attempts).
         #[arg(long, default_value_t = 3)]
         cleanup_attempts: u32,
@@ -67,6 +71,7 @@ pub enum Output {
     Table,
     Wide,
     Json,
+    Yaml,
 }
 
 /// Runs the command; returns what to print.
@@ -81,6 +86,7 @@ pub async fn run(args: PluginArgs) -> Result<String> {
         Command::Status {
             set,
             output,
+            no_headers,
             cleanup_attempts,
         } => {
             let policy = Policy {
@@ -88,16 +94,7 @@ pub async fn run(args: PluginArgs) -> Result<String> {
                 ..Policy::default()
             };
             let sets = read::statuses(&client, &scope, set.as_deref(), &policy).await?;
-            match output {
-                Output::Json => serde_json::to_string_pretty(&sets)
-                    .map(|s| s + "\n")
-                    .map_err(|source| Error::Encode {
-                        what: "status",
-                        source,
-                    }),
-                Output::Table => Ok(status::render(&sets, false)),
-                Output::Wide => Ok(status::render(&sets, true)),
-            }
+            status::format(&sets, output, !no_headers)
         }
         Command::ReleaseFinalizers { set, dry_run } => {
             let lines = read::release_finalizers(&client, &scope, set.as_deref(), dry_run).await?;
@@ -111,12 +108,17 @@ async fn connect(args: &PluginArgs) -> Result<(Client, String)> {
         context: args.context.clone(),
         ..Default::default()
     };
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .map_err(|e| Error::Config(format!("kubeconfig {}: {e}", path.display())))?;
-            Config::from_custom_kubeconfig(kubeconfig, &options).await
-        }
+    let listed = std::env::var_os("KUBECONFIG");
+    let kubeconfig = match (&args.kubeconfig, &listed) {
+        (Some(path), _) => Some(
+            Kubeconfig::read_from(path)
+                .map_err(|e| Error::Config(format!("kubeconfig {}: {e}", path.display())))?,
+        ),
+        (None, Some(list)) => merged_kubeconfig(list)?,
+        (None, None) => None,
+    };
+    let config = match kubeconfig {
+        Some(kubeconfig) => Config::from_custom_kubeconfig(kubeconfig, &options).await,
         None => Config::from_kubeconfig(&options).await,
     }
     .map_err(|e| Error::Config(format!("kubeconfig: {e}")))?;
@@ -124,3 +126,38 @@ async fn connect(args: &PluginArgs) -> Result<(Client, String)> {
     let client = Client::try_from(config).map_err(|e| Error::Config(format!("client: {e}")))?;
     Ok((client, namespace))
 }
+
+/// The files of a `KUBECONFIG` list merged as kubectl (client-go) merges them: empty entries and
+/// files that do not exist are skipped, the first file to set a value or name an entry wins (kube's
+/// `Kubeconfig::merge`), and relative paths stay relative to the file that holds them. `None` when
+/// the list names no file at all (then the default `~/.kube/config` applies, as in kubectl); an
+/// error when every named file is missing or one cannot be parsed.
+pub fn merged_kubeconfig(list: &std::ffi::OsStr) -> Result<Option<Kubeconfig>> {
+    let paths: Vec<std::path::PathBuf> = std::env::split_paths(list)
+        .filter(|p| !p.as_os_str().is_empty())
+        .collect();
+    if paths.is_empty() {
+        return Ok(None);
+    }
+    let mut merged: Option<Kubeconfig> = None;
+    for path in paths.iter().filter(|p| p.exists()) {
+        let next = Kubeconfig::read_from(path)
+            .map_err(|e| Error::Config(format!("kubeconfig {}: {e}", path.display())))?;
+        merged = Some(match merged {
+            Some(m) => m
+                .merge(next)
+                .map_err(|e| Error::Config(format!("kubeconfig {}: {e}", path.display())))?,
+            None => next,
+        });
+    }
+    match merged {
+        Some(m) => Ok(Some(m)),
+        None => Err(Error::Config(format!(
+            "KUBECONFIG names no file that exists: {}",
+            list.to_string_lossy()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -3,6 +3,8 @@
 
 use serde::Serialize;
 
+use super::Output;
+use crate::error::{Error, Result};
 use crate::reason::Reason;
 use crate::scaledown::act::describe;
 use crate::scaledown::decide::status;
@@ -137,8 +139,28 @@ fn phase(phase: Phase, gated: bool) -> &'static str {
     }
 }
 
-/// A table, one line per set; `wide` adds the warnings and the last Warning Event.
-pub fn render(sets: &[SetStatus], wide: bool) -> String {
+/// `sets` in the form `-o` asks for: a table (with its header line unless `headers` is false, as
+/// kubectl's `--no-headers`), JSON or YAML (both a list of sets, with the same fields).
+pub fn format(sets: &[SetStatus], output: Output, headers: bool) -> Result<String> {
+    let encode = |source| Error::Encode {
+        what: "status",
+        source,
+    };
+    match output {
+        Output::Table => Ok(render(sets, false, headers)),
+        Output::Wide => Ok(render(sets, true, headers)),
+        Output::Json => serde_json::to_string_pretty(sets)
+            .map(|s| s + "\n")
+            .map_err(encode),
+        Output::Yaml => {
+            serde_saphyr::to_string(&sets).map_err(|e| encode(serde::ser::Error::custom(e)))
+        }
+    }
+}
+
+/// A table, one line per set; `wide` adds the warnings and the last Warning Event; `headers`
+/// puts the column names first.
+pub fn render(sets: &[SetStatus], wide: bool, headers: bool) -> String {
     let mut header = vec![
         "NAMESPACE",
         "STATEFULSET",
@@ -152,7 +174,10 @@ pub fn render(sets: &[SetStatus], wide: bool) -> String {
     if wide {
         header.extend(["REASON", "UNPROVEN", "WARNINGS", "LAST-WARNING"]);
     }
-    let mut rows = vec![header.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
+    let mut rows = Vec::new();
+    if headers {
+        rows.push(header.iter().map(|h| h.to_string()).collect::<Vec<_>>());
+    }
     for s in sets {
         rows.push(row(s, wide));
     }

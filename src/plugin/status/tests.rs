@@ -174,7 +174,7 @@ fn the_native_retention_policy_is_a_conflict() {
     let s = status_of(web(3, spec), vec![stateful_pod()], 1);
     assert!(s.native_policy_conflict);
     assert_eq!(s.wanted, "0..2");
-    let table = render(&[s], false);
+    let table = render(&[s], false, true);
     assert!(table.contains("nothing: whenScaled is Delete"), "{table}");
 }
 
@@ -182,7 +182,7 @@ fn the_native_retention_policy_is_a_conflict() {
 fn the_table_aligns_columns_and_marks_empty_cells() {
     let pods = vec![stateful_pod(), cleanup_pod("uid-cleanup-1", "Running")];
     let s = status_of(web(1, json!({})), pods, 3);
-    let table = render(std::slice::from_ref(&s), false);
+    let table = render(std::slice::from_ref(&s), false, true);
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 2, "{table}");
     assert!(
@@ -197,7 +197,7 @@ fn the_table_aligns_columns_and_marks_empty_cells() {
     );
     assert!(lines[1].contains("web-1:Running#2"), "{table}");
     assert!(lines[1].contains("  -  "), "gave-up is empty: {table}");
-    let wide = render(&[s], true);
+    let wide = render(&[s], true, true);
     assert!(
         wide.lines()
             .next()
@@ -205,4 +205,45 @@ fn the_table_aligns_columns_and_marks_empty_cells() {
         "{wide}"
     );
     assert!(wide.contains("CleanupFailed: x (5s ago)"), "{wide}");
+}
+
+#[test]
+fn no_headers_leaves_out_the_header_line_only() {
+    let pods = vec![stateful_pod(), cleanup_pod("uid-cleanup-1", "Running")];
+    let s = status_of(web(1, json!({})), pods, 3);
+    let sets = [
+        s.clone(),
+        SetStatus {
+            name: "db".into(),
+            ..s
+        },
+    ];
+    for output in [Output::Table, Output::Wide] {
+        let with = format(&sets, output, true).expect("table");
+        let without = format(&sets, output, false).expect("table");
+        assert_eq!(with.lines().count(), 3, "{with}");
+        assert!(with.starts_with("NAMESPACE"), "{with}");
+        assert_eq!(without.lines().count(), 2, "{without}");
+        assert!(!without.contains("NAMESPACE"), "{without}");
+        let first: Vec<&str> = without
+            .lines()
+            .map(|l| l.split_whitespace().nth(1).unwrap_or(""))
+            .collect();
+        assert_eq!(first, ["web", "db"], "{without}");
+    }
+    assert_eq!(format(&[], Output::Table, false).expect("table"), "");
+}
+
+#[test]
+fn yaml_carries_the_same_fields_as_json() {
+    let pods = vec![stateful_pod(), cleanup_pod("uid-cleanup-1", "Running")];
+    let s = status_of(web(1, json!({})), pods, 3);
+    let json: Value =
+        serde_json::from_str(&format(std::slice::from_ref(&s), Output::Json, true).expect("json"))
+            .expect("JSON");
+    let yaml_text = format(&[s], Output::Yaml, false).expect("yaml");
+    let yaml: Value = serde_saphyr::from_str(&yaml_text).expect("YAML");
+    assert_eq!(yaml, json, "{yaml_text}");
+    assert_eq!(yaml[0]["cleanups"][0]["pod"], "web-1", "{yaml_text}");
+    assert!(yaml_text.contains("status: CleaningUp"), "{yaml_text}");
 }
