@@ -8,7 +8,7 @@
 //! - `release-finalizers [-n NS | -A] [SET] [--dry-run]`: removes the finalizer
 //!   `statefulsets.kubernetes.io/scaledown` (uninstall: a set keeping it cannot be deleted).
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use kube::Client;
 use kube::config::{Config, KubeConfigOptions, Kubeconfig};
 
@@ -19,6 +19,7 @@ pub mod read;
 pub mod status;
 
 pub use read::Scope;
+pub use status::Output;
 
 #[derive(Debug, Parser)]
 #[command(name = "kubectl-scaledown", bin_name = "kubectl scaledown", version = crate::cli::VERSION)]
@@ -64,14 +65,6 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Output {
-    Table,
-    Wide,
-    Json,
-    Yaml,
 }
 
 /// Runs the command; returns what to print.

@@ -3,13 +3,21 @@
 
 use serde::Serialize;
 
-use super::Output;
 use crate::error::{Error, Result};
 use crate::reason::Reason;
 use crate::scaledown::act::describe;
 use crate::scaledown::decide::status;
 use crate::scaledown::decide::{Plan, Step};
 use crate::scaledown::observe::{Observed, Phase, PodRole};
+
+/// `status -o`: how the statuses are printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    Wide,
+    Json,
+    Yaml,
+}
 
 /// The state of one opted-in StatefulSet, as the controller sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
