@@ -1,7 +1,7 @@
 //! The end of a round (every set at its final size, the controllers idle) and the end of the run
 //! (every set deleted).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -14,6 +14,8 @@ use super::routine::kept_on_purpose;
 use super::world::{Snapshot, World, attempt, cleanup_template, looks_like_cleanup, phase};
 
 const POLL: Duration = Duration::from_millis(500);
+/// How long a pod of a deleted StatefulSet may stay before the runner deletes it.
+const DANGLING_GRACE: Duration = Duration::from_secs(30);
 
 /// Why the cluster is not quiescent yet: cleanup pods left (invariant 3), anything else.
 #[derive(Default, Debug)]
@@ -53,6 +55,7 @@ impl World {
                     self.create_missing(&snap).await;
                     self.retire_forged(&snap).await;
                     self.clear_simulator_artifacts(&snap).await;
+                    self.collect_dangling(&snap).await;
                     self.release_failed_wanted(&snap).await;
                     let mut unsettled = self.unsettled(&snap);
                     unsettled
@@ -135,6 +138,49 @@ impl World {
                 "the chaos runner deleted a pod KWOK marked Running without a node",
             );
         }
+    }
+
+    /// kube-controller-manager's StatefulSet controller, its informers behind after an API server
+    /// restart, can create a pod for a set that was deleted a moment before; its garbage collector,
+    /// behind as well, then leaves that pod for minutes, and the set created again under the name
+    /// cannot get its ordinal back (our controller rightly keeps the claims the pod mounts). A pod
+    /// owned by a StatefulSet UID that no longer exists, still there after [`DANGLING_GRACE`], is
+    /// deleted as a user would, and the run prints it.
+    async fn collect_dangling(&mut self, snap: &Snapshot) {
+        let live: HashSet<String> = snap.sets.iter().filter_map(|s| s.uid()).collect();
+        let mut seen = HashMap::new();
+        for pod in &snap.pods {
+            let owner = pod.owner_references().iter().find(|o| {
+                o.kind == "StatefulSet" && o.controller == Some(true) && !live.contains(&o.uid)
+            });
+            let (Some(owner), Some(uid)) = (owner, pod.uid()) else {
+                continue;
+            };
+            if pod.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let since = self
+                .dangling_since
+                .get(&uid)
+                .copied()
+                .unwrap_or_else(Instant::now);
+            seen.insert(uid.clone(), since);
+            let ns = pod.namespace().unwrap_or_default();
+            let Some((set, _)) = self.owner_of(&ns, &pod.name_any(), false) else {
+                continue;
+            };
+            if since.elapsed() >= DANGLING_GRACE {
+                println!(
+                    "chaos: CONTROL PLANE: pod {ns}/{} uid {uid} of deleted StatefulSet uid {} still \
+                     there after {DANGLING_GRACE:?} (kube-controller-manager behind); deleted as a \
+                     user would",
+                    pod.name_any(),
+                    owner.uid
+                );
+                self.delete_pod(set, &pod.name_any(), Some(&uid)).await;
+            }
+        }
+        self.dangling_since = seen;
     }
 
     /// A set that a deletion of a round took longer than the round to remove is created again

@@ -59,6 +59,8 @@ pub struct World {
     pub live_forged: Vec<(usize, String, String)>,
     /// When the runner first saw each forged pod finished.
     pub forged_finished: HashMap<String, Instant>,
+    /// Pods whose owning StatefulSet is gone, by UID: when the runner first saw each.
+    pub dangling_since: HashMap<String, Instant>,
     pub last_nudge: Option<Instant>,
     pub nudges: u64,
     /// Claims touched because kube-controller-manager's pvc-protection left them Terminating with
@@ -108,6 +110,7 @@ impl World {
             forged: HashSet::new(),
             live_forged: Vec::new(),
             forged_finished: HashMap::new(),
+            dangling_since: HashMap::new(),
             last_nudge: None,
             nudges: 0,
             touched_claims: HashSet::new(),
