@@ -272,6 +272,12 @@ fn render_spec(spec: &mut Map<String, Value>, target: &Target<'_>) {
         if let Some(Value::Array(containers)) = spec.get_mut(list) {
             for container in containers.iter_mut().filter_map(Value::as_object_mut) {
                 set_env(container, &env);
+                // A container that fails without writing /dev/termination-log still says why:
+                // the kubelet puts the end of its log there (at most 80 lines, 2 KiB), which the
+                // CleanupFailed Event and the Stalled reason carry. A template's own policy stays.
+                container
+                    .entry("terminationMessagePolicy")
+                    .or_insert_with(|| json!("FallbackToLogsOnError"));
             }
         }
     }

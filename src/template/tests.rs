@@ -321,6 +321,31 @@ fn render_sets_identity_volumes_env_and_keeps_unknown_fields() {
     );
 }
 
+/// Every container's log tail becomes its termination message when it wrote none (the cleanup's
+/// own words in `CleanupFailed` and `Stalled`), unless the template chose a policy itself.
+#[test]
+fn the_log_tail_is_the_termination_message_unless_the_template_chose() {
+    let raw = r#"{"spec":{"initContainers":[{"name":"i","image":"x"}],
+        "containers":[{"name":"m","image":"x"},{"name":"f","image":"x","terminationMessagePolicy":"File"}]}}"#;
+    let pod = render(raw);
+    let policies: Vec<&Value> = [
+        &pod["spec"]["initContainers"][0],
+        &pod["spec"]["containers"][0],
+        &pod["spec"]["containers"][1],
+    ]
+    .into_iter()
+    .map(|c| &c["terminationMessagePolicy"])
+    .collect();
+    assert_eq!(
+        policies,
+        [
+            &json!("FallbackToLogsOnError"),
+            &json!("FallbackToLogsOnError"),
+            &json!("File")
+        ]
+    );
+}
+
 #[test]
 fn never_is_kept() {
     let raw = r#"{"spec":{"restartPolicy":"Never","containers":[{"name":"m","image":"x"}]}}"#;
