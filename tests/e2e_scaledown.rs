@@ -465,11 +465,7 @@ async fn failing_cleanup_is_retried_then_given_up() {
     )
     .await;
     let mut spec = SetSpec::new("web", 2, &env.class);
-    spec.template = Some(template(
-        json!({"sim.scaledown.io/outcome": "Failed"}),
-        json!({}),
-        "Never",
-    ));
+    spec.template = Some(failing_template());
     env.create_running(&spec).await;
     let pods = env.record_pods().await;
     let claims = env.record_claims().await;
@@ -1010,11 +1006,7 @@ async fn a_cleanup_that_gives_up_stalls_the_set_with_its_reason() {
     )
     .await;
     let mut spec = SetSpec::new("web", 2, &env.class);
-    spec.template = Some(template(
-        json!({"sim.scaledown.io/outcome": "Failed"}),
-        json!({}),
-        "Never",
-    ));
+    spec.template = Some(failing_template());
     env.create_running(&spec).await;
     let sets = env.record_sets().await;
     let scaled = Instant::now();

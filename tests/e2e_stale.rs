@@ -439,11 +439,7 @@ async fn failing_cleanups_with_a_lagging_claim_watch_run_each_attempt_once() {
     })
     .await;
     let mut spec = SetSpec::new("web", 2, &env.class);
-    spec.template = Some(template(
-        json!({"sim.scaledown.io/outcome": "Failed"}),
-        json!({}),
-        "Never",
-    ));
+    spec.template = Some(failing_template());
     env.create_running(&spec).await;
     create_markers(&env).await;
     let claim = env.claim_uid("data-web-1").await;

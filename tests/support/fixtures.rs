@@ -279,6 +279,16 @@ pub fn ok_template() -> String {
     template(json!({}), json!({}), "")
 }
 
+/// A cleanup template whose pod fails (exit 1) under KWOK, with `restartPolicy: Never` so the
+/// controller's attempts and backoff apply.
+pub fn failing_template() -> String {
+    template(
+        json!({"sim.scaledown.io/outcome": "Failed"}),
+        json!({}),
+        "Never",
+    )
+}
+
 pub fn merge(mut a: Value, b: Value) -> Value {
     if let (Some(a), Value::Object(b)) = (a.as_object_mut(), b) {
         a.extend(b);
