@@ -156,9 +156,9 @@ reasons! {
     Warning UnprovenCleanupPod = "UnprovenCleanupPod"
         when "a pod looks like a cleanup pod but is not in the controller's record; it never causes a deletion",
     /// The set is being deleted and nothing left proves a foreground or background deletion:
-    /// its claims are kept as after an orphan deletion.
+    /// the claims of the ordinals its spec still wants are kept, as after an orphan deletion.
     Warning DeletionUnproven = "DeletionUnproven"
-        when "the set is being deleted with no `orphan` or `foregroundDeletion` finalizer, no pod of its ordinals and no deletion mark of ours left: an orphan deletion cannot be ruled out, so its claims are kept and no cleanup runs",
+        when "the set is being deleted with no `orphan` or `foregroundDeletion` finalizer, no pod of its ordinals and no deletion mark of ours left: an orphan deletion cannot be ruled out, so the claims of the ordinals its spec still wants are kept (those past `replicas` are cleaned as after a scale-down)",
     /// The set asks Kubernetes to delete its claims (`whenScaled`/`whenDeleted: Delete`).
     Warning RetentionPolicyConflict = "RetentionPolicyConflict"
         when "`whenScaled`/`whenDeleted: Delete`; Kubernetes deletes the claims",

@@ -122,9 +122,6 @@ enum Hold {
     OptedOut,
     Template,
     OrphanDeletion,
-    /// The set is being deleted and nothing left proves how ([`Propagation::Unproven`]): treated
-    /// as an orphan deletion.
-    UnprovenDeletion,
     /// The set carries the paused annotation: no new cleanup pod, no retry.
     Paused,
     RetainedByKubernetes,
@@ -139,9 +136,6 @@ impl Hold {
                 "StatefulSet is paused (annotation statefulsets.kubernetes.io/scaledown-paused)"
             }
             Hold::OrphanDeletion => "StatefulSet was deleted with orphan propagation",
-            Hold::UnprovenDeletion => {
-                "StatefulSet is being deleted and no finalizer, pod or mark of ours left proves a foreground or background deletion: its claims are kept"
-            }
             Hold::RetainedByKubernetes => "claim retention policy deletes the claims",
         }
     }
@@ -158,6 +152,9 @@ struct View<'a> {
     /// How the set is being deleted, if it is.
     deletion: Option<Propagation>,
     background_deletion: bool,
+    /// Being deleted, and nothing proves how ([`Propagation::Unproven`]): only the ordinals its
+    /// spec no longer wants are orphaned, as after a scale-down; the others keep their claims.
+    unproven: bool,
     hold: Option<Hold>,
 }
 
@@ -195,8 +192,7 @@ pub fn decide(o: &Observed, policy: &Policy) -> Plan {
         delete_stateful_pods(&o.set, &scan.stateful_pods, &mut plan);
     }
     release_finalizer(&view, &scan, &mut plan);
-    let unproven = view.hold == Some(Hold::UnprovenDeletion);
-    if o.set.deleting && (unproven || plan.steps.iter().any(Step::destructive)) {
+    if o.set.deleting && (view.unproven || plan.steps.iter().any(Step::destructive)) {
         // The propagation is inferred from the pods: only a live read of them (after the set)
         // tells an orphan deletion from a background one (see `propagation`).
         plan.confirm(Confirm::SetAndNamespace);
@@ -253,8 +249,6 @@ impl<'a> View<'a> {
         } else if set.deleting && set.when_deleted_delete || !set.deleting && set.when_scaled_delete
         {
             Some(Hold::RetainedByKubernetes)
-        } else if deletion == Some(Propagation::Unproven) {
-            Some(Hold::UnprovenDeletion)
         } else if set.paused {
             Some(Hold::Paused)
         } else if template.is_none() {
@@ -270,12 +264,19 @@ impl<'a> View<'a> {
             inherited,
             deletion,
             background_deletion,
+            // With `whenDeleted: Delete` Kubernetes deletes the claims itself (RetainedByKubernetes).
+            unproven: deletion == Some(Propagation::Unproven) && !set.when_deleted_delete,
             hold,
         }
     }
 
     fn orphaned(&self, ordinal: u32) -> bool {
-        !self.o.set.wants(ordinal)
+        let set = &self.o.set;
+        if self.unproven {
+            !set.in_spec(ordinal)
+        } else {
+            !set.wants(ordinal)
+        }
     }
 }
 
@@ -463,6 +464,22 @@ fn unproven_pod(view: &View<'_>, ordinal: u32, pod: &PodFacts, gated: bool, plan
     }
 }
 
+/// The ordinals a deletion nothing proves keeps: those its spec still wants, with a live claim
+/// of the set's.
+fn kept_unproven(view: &View<'_>) -> Vec<u32> {
+    if !view.unproven || !view.opted_in || !view.o.set.has_finalizer() {
+        return Vec::new();
+    }
+    view.o
+        .ordinals
+        .iter()
+        .filter(|(n, f)| {
+            !view.orphaned(**n) && f.claims.iter().any(|c| c.live() && c.not_ours.is_none())
+        })
+        .map(|(n, _)| *n)
+        .collect()
+}
+
 /// Whether an orphaned ordinal has a claim, live or being deleted.
 fn orphaned_claims(view: &View<'_>) -> bool {
     view.o
@@ -494,15 +511,19 @@ fn hold_events(view: &View<'_>, scan: &Scan<'_>, plan: &mut Plan) {
             "orphan",
             "the StatefulSet was deleted with orphan propagation: its pods and claims are kept and no cleanup runs".into(),
         ),
-        Some(Hold::UnprovenDeletion) if scan.claims_left => plan.event(
-            Reason::DeletionUnproven,
-            "unproven",
-            format!(
-                "the StatefulSet is being deleted, but no orphan or foregroundDeletion finalizer, no pod of its ordinals and no mark of ours ({}) is left to tell an orphan deletion from a background one: its claims are kept as after an orphan deletion and no cleanup runs; delete them yourself if their data is not needed",
-                naming::DELETION_ANNOTATION
-            ),
-        ),
         _ => {}
+    }
+    let kept = kept_unproven(view);
+    if let (Some(first), Some(last)) = (kept.first(), kept.last()) {
+        plan.event(
+            Reason::DeletionUnproven,
+            format!("unproven {first}-{last}"),
+            format!(
+                "the StatefulSet is being deleted, but no orphan or foregroundDeletion finalizer, no pod of its ordinals and no mark of ours ({}) is left to tell an orphan deletion from a background one: the claims of ordinals {} that its spec still wants are kept, as after an orphan deletion; delete them yourself if their data is not needed",
+                naming::DELETION_ANNOTATION,
+                kept.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+            ),
+        );
     }
 }
 
@@ -683,7 +704,7 @@ fn release_finalizer(view: &View<'_>, scan: &Scan<'_>, plan: &mut Plan) {
         !view.opted_in && !scan.in_flight
     } else if matches!(
         view.hold,
-        Some(Hold::OrphanDeletion | Hold::UnprovenDeletion | Hold::RetainedByKubernetes)
+        Some(Hold::OrphanDeletion | Hold::RetainedByKubernetes)
     ) {
         !scan.in_flight
     } else {

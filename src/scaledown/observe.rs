@@ -161,8 +161,12 @@ impl SetFacts {
 
     /// Whether the set still runs a pod at `ordinal`.
     pub fn wants(&self, ordinal: u32) -> bool {
-        !self.deleting
-            && ordinal >= self.start
+        !self.deleting && self.in_spec(ordinal)
+    }
+
+    /// Whether `ordinal` lies in `[start, start + replicas)`, deleted or not.
+    pub fn in_spec(&self, ordinal: u32) -> bool {
+        ordinal >= self.start
             && u64::from(ordinal) < u64::from(self.start) + u64::from(self.replicas)
     }
 }

@@ -307,13 +307,15 @@ fn check_step(o: &Observed, policy: &Policy, step: &Step) -> Result<(), TestCase
                 "creates for wanted ordinal {}",
                 ordinal
             );
+            let proven = match propagation(o) {
+                None | Some(Propagation::Foreground | Propagation::Background) => true,
+                Some(Propagation::Unproven) => !o.set.in_spec(*ordinal),
+                Some(Propagation::Orphan) => false,
+            };
             prop_assert!(
-                !o.set.deleting
-                    || matches!(
-                        propagation(o),
-                        Some(Propagation::Foreground | Propagation::Background)
-                    ),
-                "cleans a set deleted as {:?}",
+                proven,
+                "cleans ordinal {} of a set deleted as {:?}",
+                ordinal,
                 propagation(o)
             );
             let holder = o.ordinals.get(ordinal).and_then(|f| f.pod.as_ref());

@@ -737,6 +737,16 @@ fn deletion_table() {
             vec!["warn DeletionUnproven", "finalizer- []"],
         ),
         (
+            "nothing proves the deletion: ordinals past replicas are cleaned as after a scale-down",
+            deleting(with_claims(web(1), 0..3, 0..0), &[ours]),
+            vec!["warn DeletionUnproven", "create web-2#1"],
+        ),
+        (
+            "nothing proves the deletion of a set scaled to zero: it is cleaned",
+            deleting(with_claims(web(0), 0..2, 0..0), &[ours]),
+            vec!["create web-1#1"],
+        ),
+        (
             "background, Parallel: all pods",
             bg_parallel,
             vec![
