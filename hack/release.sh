@@ -33,7 +33,8 @@
 #                         RELEASE_SBOM_DIR/ARCH.cdx.json
 #
 # Output: target/dist/statefulset-scaledown-controller-VERSION.tgz (the chart as pushed) and
-# target/dist/release.env (IMAGE, IMAGE_DIGEST, CHART, CHART_DIGEST, COSIGN_PUB), and the same on stdout.
+# target/dist/release.env (VERSION, IMAGE, IMAGE_DIGEST, CHART, CHART_DIGEST, COSIGN_PUB,
+# COSIGN_TRUSTED_ROOT), and the same on stdout.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -72,13 +73,25 @@ if [[ "$plain" == 1 ]]; then
   cosign_flags=(--allow-http-registry --allow-insecure-registry)
   helm_flags=(--plain-http)
 fi
-# Key-pair signatures are kept in the registry only: no transparency log, no signing config or
-# trusted root fetched from the public Sigstore instance. COSIGN_KEYLESS=1 (the release workflow):
+# Key-pair signatures are kept in the registry only: no transparency log, nothing fetched from the
+# public Sigstore instance. COSIGN_KEYLESS=1 (the release workflow):
 # a Fulcio certificate for the CI host's OIDC identity, recorded in Rekor.
+# The signatures are Sigstore bundles, attached to the image as OCI referrers (cosign's default).
 if [[ "${COSIGN_KEYLESS:-0}" == 1 ]]; then
   sign_flags=(--yes)
 else
-  sign_flags=(--yes --tlog-upload=false --use-signing-config=false --new-bundle-format=false)
+  # A signing config without any service: no certificate authority, transparency log or
+  # timestamp authority is asked (`cosign verify --key K --insecure-ignore-tlog=true` checks the
+  # signatures, with --trusted-root target/signing/trusted-root.json to stay offline).
+  signing_config="$root/target/signing/signing-config.json"
+  mkdir -p "${signing_config%/*}"
+  jq -n '{mediaType: "application/vnd.dev.sigstore.signingconfig.v0.2+json", caUrls: [], oidcUrls: [],
+    rekorTlogUrls: [], tsaUrls: [], rekorTlogConfig: {selector: "ANY"}, tsaConfig: {selector: "ANY"}}' >"$signing_config"
+  # And a trusted root without any authority, so cosign does not fetch the public one (TUF).
+  trusted_root="$root/target/signing/trusted-root.json"
+  jq -n '{mediaType: "application/vnd.dev.sigstore.trustedroot+json;version=0.1", tlogs: [],
+    certificateAuthorities: [], ctlogs: [], timestampAuthorities: []}' >"$trusted_root"
+  sign_flags=(--yes --signing-config "$signing_config" --trusted-root "$trusted_root")
 fi
 
 # --- the key pair ------------------------------------------------------------------------------
@@ -181,6 +194,7 @@ IMAGE_DIGEST=$digest
 CHART=oci://$chart_repo/$name
 CHART_DIGEST=$chart_digest
 COSIGN_PUB=$pub
+COSIGN_TRUSTED_ROOT=${trusted_root:-}
 EOF
 cat "$dist/release.env"
 echo "[timing] release: $((SECONDS - t0)) s"
