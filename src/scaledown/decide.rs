@@ -760,17 +760,22 @@ impl CleanupStep<'_> {
 
     /// Recorded but still gated: the process stopped between the record and the release. Let it
     /// run if a live read still confirms the ordinal, else delete it (it never ran).
+    /// A recorded pod still gated. No poll while it waits: the resume of a paused set and the
+    /// StatefulSet controller's status catching up are changes of the set, whose watch brings
+    /// the next pass; only then is the set read live, once, to release or cancel.
     fn release(&self, plan: &mut Plan) {
-        plan.confirm(Confirm::Set);
         match confirm_created(&self.view.o.set, self.ordinal) {
-            // Paused: it holds its name and waits, gated, for the resume (which wakes the set).
             Verdict::Run if self.view.hold == Some(Hold::Paused) => {}
-            Verdict::Run if !may_release(&self.view.o.set) => plan.requeue(RELEASE_RECHECK),
-            Verdict::Run => plan.steps.push(Step::Release {
-                name: self.pod.name.clone(),
-                uid: self.pod.uid.clone(),
-            }),
+            Verdict::Run if !may_release(&self.view.o.set) => {}
+            Verdict::Run => {
+                plan.confirm(Confirm::Set);
+                plan.steps.push(Step::Release {
+                    name: self.pod.name.clone(),
+                    uid: self.pod.uid.clone(),
+                });
+            }
             Verdict::Cancel(why) => {
+                plan.confirm(Confirm::Set);
                 plan.event(
                     Reason::CleanupCancelled,
                     self.pod.uid.clone(),
@@ -977,9 +982,7 @@ pub mod plan;
 pub mod status;
 pub use created::{Admission, admit, confirm_created, runs, verdicts};
 pub use deletion::{Propagation, mark_value, propagation};
-pub use plan::{
-    CAP_RECHECK, Confirm, Event, Plan, PodDeletion, RECORD_GRACE, RELEASE_RECHECK, Step, Verdict,
-};
+pub use plan::{CAP_RECHECK, Confirm, Event, Plan, PodDeletion, RECORD_GRACE, Step, Verdict};
 
 #[cfg(test)]
 mod props;

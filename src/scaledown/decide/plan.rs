@@ -14,9 +14,6 @@ use crate::reason::Reason;
 /// takes between its create and its record (a few requests), so a second writer never deletes the
 /// first one's pod under it. Older, it is a crashed or failing writer's leftover and is deleted.
 pub const RECORD_GRACE: Duration = Duration::from_secs(30);
-/// How soon a recorded cleanup pod looks again when the StatefulSet controller has not yet seen
-/// the ordinal's old pod go (its status changes wake the set up sooner).
-pub const RELEASE_RECHECK: Duration = Duration::from_secs(2);
 
 /// How soon a set whose cleanups wait for room under `--max-concurrent-cleanups` looks again.
 pub const CAP_RECHECK: Duration = Duration::from_secs(2);

@@ -967,10 +967,20 @@ fn recorded_pods_wait_for_the_statefulset_controller_before_they_run() {
             Vec::<String>::new(),
             "{replicas} {generation}"
         );
-        assert_eq!(waiting.requeue_after, Some(RELEASE_RECHECK));
+        // No poll: the set's status change brings the next pass, and no live read until then.
+        assert_eq!((waiting.requeue_after, waiting.confirm), (None, None));
     }
     assert_eq!(plan(&gated(2, 3)), ["release web-2"]);
     assert_eq!(plan(&gated(1, 4)), ["release web-2"]);
+    // From the cache: waiting costs no request; caught up, one live read of the set.
+    let cached = |mut o: Observed| {
+        o.read = SetRead::Cached;
+        decide(&o, &Policy::default())
+    };
+    let waiting = cached(gated(3, 3));
+    assert_eq!((waiting.steps.len(), waiting.confirm), (0, None));
+    let ready = cached(gated(2, 3));
+    assert_eq!((ready.steps.len(), ready.confirm), (0, Some(Confirm::Set)));
     let mut deleting = gated(3, 2);
     deleting.set.deleting = true;
     assert!(
