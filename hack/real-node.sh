@@ -27,8 +27,9 @@
 # docker.io/library/busybox:latest (Debian's busybox-static, hack/busybox-image.sh) and
 # docker.io/library/redis:7.0 (Debian's redis-tools, hack/redis-image.sh) are imported into
 # containerd and served by a registry on the namespace's loopback, containerd's only host for
-# docker.io, ghcr.io, localhost and 127.0.0.1:5000 (its own address, for `exec`), so `busybox` with any pull policy starts, and the controller's
-# image (`push-image`) under its published name. No pull ever leaves the namespace.
+# docker.io, ghcr.io, localhost and 127.0.0.1:5000 (its own address, for `exec`), so `busybox` with
+# any pull policy starts, and the controller's image (`push-image`) under its published name. No
+# pull ever leaves the namespace.
 #
 # Network rule: every process of the node (kubelet, containerd, shims, pods) lives in a network
 # namespace this script creates, reachable only through loopback relays:
