@@ -532,9 +532,9 @@ fn create_cleanup_pods(
         .filter(|n| !refused_too_recently(view, *n, plan))
         .collect();
     if eligible.len() > room {
-        // Held back by `--max-concurrent-cleanups`: look again soon, as no event of this set
-        // says when another set's cleanup ends.
-        plan.requeue(CAP_RECHECK);
+        // Held back by `--max-concurrent-cleanups`: woken when a cleanup pod frees room, as no
+        // event of this set says when another set's cleanup ends.
+        plan.waits_for_room = true;
     }
     for ordinal in eligible.into_iter().take(room) {
         if let Some(facts) = o.ordinals.get(&ordinal) {
@@ -982,7 +982,7 @@ pub mod plan;
 pub mod status;
 pub use created::{Admission, admit, confirm_created, runs, verdicts};
 pub use deletion::{Propagation, mark_value, propagation};
-pub use plan::{CAP_RECHECK, Confirm, Event, Plan, PodDeletion, RECORD_GRACE, Step, Verdict};
+pub use plan::{Confirm, Event, Plan, PodDeletion, RECORD_GRACE, Step, Verdict};
 
 #[cfg(test)]
 mod props;

@@ -15,15 +15,15 @@ use crate::reason::Reason;
 /// first one's pod under it. Older, it is a crashed or failing writer's leftover and is deleted.
 pub const RECORD_GRACE: Duration = Duration::from_secs(30);
 
-/// How soon a set whose cleanups wait for room under `--max-concurrent-cleanups` looks again.
-pub const CAP_RECHECK: Duration = Duration::from_secs(2);
-
 /// What to write, in order. `act` carries the steps out one by one and stops at the first error.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Plan {
     pub steps: Vec<Step>,
     /// Look again after this long even if nothing changes (a retry backoff is running).
     pub requeue_after: Option<Duration>,
+    /// A create is held back by `--max-concurrent-cleanups`: look again when a cleanup pod
+    /// anywhere frees room (no event of this set says when).
+    pub waits_for_room: bool,
     /// Decided from the cache, and a step needs a live read: read, decide again, and carry out that
     /// plan instead (this one then has no steps).
     pub confirm: Option<Confirm>,

@@ -624,12 +624,9 @@ fn concurrency_cap_counts_cleanups_everywhere() {
     o.cleanups_in_flight = 2;
     let held = decide(&o, &capped);
     assert_eq!(summary(&held), Vec::<String>::new());
-    // Held back: looked at again soon, as no event of this set tells when room frees up.
-    assert_eq!(
-        held.requeue_after,
-        Some(crate::scaledown::decide::CAP_RECHECK)
-    );
-    assert_eq!(decide(&o, &Policy::default()).requeue_after, None);
+    // Held back: woken when room frees up (no event of this set tells when), not polled.
+    assert_eq!((held.requeue_after, held.waits_for_room), (None, true));
+    assert!(!decide(&o, &Policy::default()).waits_for_room);
 }
 
 #[test]
