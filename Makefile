@@ -9,11 +9,11 @@ FUZZ_CASES ?= 1000000
 # The image, named in one place; artifacts/*.yaml use the same (a test checks it).
 IMAGE ?= ghcr.io/statefulset-scaledown/statefulset-scaledown-controller:0.1.0
 
-.PHONY: test fmt-check clippy unit fuzz props e2e e2e-oldest e2e-faults chaos chaos-ci bench bench-report control-plane cluster-up cluster-down demo demo-ci build plugin krew image image-push docker-image manifests deny audit
+.PHONY: test fmt-check clippy lint unit fuzz props e2e e2e-oldest e2e-faults chaos chaos-ci bench bench-report control-plane cluster-up cluster-down demo demo-ci build plugin krew image image-push release docker-image manifests deny audit
 
 ## test: formatting, lints, unit tests, e2e tests, the demo, the fault tests and a short seeded chaos
 ## run on the local control plane
-test: fmt-check clippy unit e2e demo-ci e2e-faults chaos-ci
+test: fmt-check clippy lint unit e2e demo-ci e2e-faults chaos-ci
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -21,6 +21,11 @@ fmt-check:
 # --all-targets leaves out the test = false targets (chaos, e2e_faults, bench): named here.
 clippy:
 	$(CARGO) clippy --locked --all-targets --test chaos --test e2e_faults --test bench -- -D warnings
+
+## lint: the release workflow (.github/workflows/release.yml, which only runs on the CI host) with
+## actionlint and shellcheck, and hack/release.sh with shellcheck (hack/lint.sh)
+lint:
+	hack/lint.sh
 
 unit:
 	$(CARGO) test --locked --lib --bins
@@ -48,6 +53,7 @@ e2e: image
 	$(CARGO) build --locked --bins --tests
 	hack/build-previous.sh >/dev/null
 	hack/build-tools.sh krew >/dev/null
+	hack/build-tools.sh cosign >/dev/null
 	hack/with-cluster.sh bash -c '$(CARGO) test --locked $(E2E_TESTS) -- --test-threads=$(E2E_THREADS) \
 	  && $(CARGO) test --locked --test e2e_incluster --test e2e_docs -- --test-threads=1'
 
@@ -56,7 +62,7 @@ e2e: image
 ## `make test`; run it with no other cluster up in this checkout.
 OLDEST_K8S ?= v1.34.4
 E2E_OLDEST := $(patsubst tests/%.rs,--test %,$(filter-out tests/e2e_faults.rs tests/e2e_image.rs tests/e2e_incluster.rs \
-  tests/e2e_chart.rs tests/e2e_deploy.rs tests/e2e_docs.rs,$(sort $(wildcard tests/e2e_*.rs))))
+  tests/e2e_chart.rs tests/e2e_deploy.rs tests/e2e_docs.rs tests/e2e_release.rs,$(sort $(wildcard tests/e2e_*.rs))))
 e2e-oldest:
 	$(CARGO) build --locked --bins --tests
 	hack/build-previous.sh >/dev/null
@@ -173,6 +179,14 @@ image:
 ## image-push: push target/image/oci to IMAGE's registry (crane; log in first with `crane auth login`)
 image-push:
 	"$$(hack/build-tools.sh crane | tail -n 1)" push target/image/oci $(IMAGE)
+
+## release: the image (`make image`), pushed to REGISTRY with its SBOM as a signed attestation, signed
+## with cosign (COSIGN_KEY and COSIGN_PASSWORD, else a key pair generated into target/signing/), and
+## the chart, its image pinned by digest, pushed to oci://REGISTRY/charts and signed (hack/release.sh).
+## Log in to the registry first (crane auth login, helm registry login). Docs: docs/operations.md#releases
+REGISTRY ?= ghcr.io/statefulset-scaledown
+release: image
+	REGISTRY=$(REGISTRY) hack/release.sh
 
 ## docker-image: the same layout with a container engine (Dockerfile)
 docker-image:

@@ -4,7 +4,7 @@
 # own branch of build() below).
 # Prints the path of the binary as the last line of stdout.
 #
-#   hack/build-tools.sh umoci|crane|helm|runc|coredns|krew|cargo-cyclonedx
+#   hack/build-tools.sh umoci|crane|helm|runc|coredns|krew|cosign|actionlint|cargo-cyclonedx
 #
 # The build is atomic (temp dir + rename) and serialised with flock, as hack/build-control-plane.sh.
 #
@@ -31,9 +31,11 @@ helm) version=$HELM_VERSION ;;
 runc) version=$RUNC_VERSION ;;
 coredns) version=$COREDNS_VERSION ;;
 krew) version=$KREW_VERSION ;;
+cosign) version=$COSIGN_VERSION ;;
+actionlint) version=$ACTIONLINT_VERSION ;;
 cargo-cyclonedx) version=$CARGO_CYCLONEDX_VERSION ;;
 *)
-  echo "usage: $0 umoci|crane|helm|runc|coredns|krew|cargo-cyclonedx" >&2
+  echo "usage: $0 umoci|crane|helm|runc|coredns|krew|cosign|actionlint|cargo-cyclonedx" >&2
   exit 2
   ;;
 esac
@@ -120,6 +122,17 @@ build() {
     GOBIN="$tmp" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/krew/cmd/krew@$version"
     KREW_ROOT="$tmp/root" KREW_NO_UPGRADE_CHECK=1 "$tmp/krew" version >/dev/null
     ;;
+  cosign)
+    # The version is stamped as cosign's own release build does (sigs.k8s.io/release-utils).
+    GOBIN="$tmp" go install -trimpath \
+      -ldflags "-s -w -X sigs.k8s.io/release-utils/version.gitVersion=$version" "github.com/sigstore/cosign/v3/cmd/cosign@$version"
+    "$tmp/cosign" version 2>&1 | grep -q "GitVersion: *$version"
+    ;;
+  actionlint)
+    GOBIN="$tmp" go install -trimpath \
+      -ldflags "-s -w -X github.com/rhysd/actionlint.version=$version" "github.com/rhysd/actionlint/cmd/actionlint@$version"
+    "$tmp/actionlint" -version | grep -q "^$version"
+    ;;
   cargo-cyclonedx)
     cargo install --quiet --locked --root "$tmp/src" "cargo-cyclonedx" --version "$version" >&2
     mv "$tmp/src/bin/cargo-cyclonedx" "$tmp/cargo-cyclonedx"
@@ -127,7 +140,7 @@ build() {
   esac
 }
 # Typical first builds on 2 cores (docs/development/test-cluster.md); the log stays beside the cache.
-declare -A typical=([umoci]=30 [crane]=10 [helm]=204 [runc]=10 [coredns]=256 [krew]=26 [cargo-cyclonedx]=90)
+declare -A typical=([umoci]=30 [crane]=10 [helm]=204 [runc]=10 [coredns]=256 [krew]=26 [cosign]=300 [actionlint]=30 [cargo-cyclonedx]=90)
 progress_run "build $tool $version" "${typical[$tool]}" "$cache/tools/$key.log" build
 
 rm -rf "$tmp/src"

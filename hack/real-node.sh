@@ -12,6 +12,11 @@
 #                              push the image of REF's tag in an OCI layout (`make image`:
 #                              target/image/oci) to the node's registry under REF, so a pod naming
 #                              REF (e.g. the chart's ghcr.io/... image) starts on the node
+#   hack/real-node.sh exec CMD [ARG...]
+#                              run CMD in the node's network namespace, where the node's registry
+#                              is 127.0.0.1:5000 (plain HTTP) and the API server 127.0.0.1:<api
+#                              port> as in the cluster's kubeconfig; nothing else is reachable
+#                              there (tests/e2e_release.rs runs hack/release.sh this way)
 #
 # Only one real node can run per machine (the kubelet's cgroups are /sys/fs/cgroup/*/kubepods,
 # machine-wide): `up` exits 3 with a message naming the other node's state dir if another checkout
@@ -22,8 +27,9 @@
 # docker.io/library/busybox:latest (Debian's busybox-static, hack/busybox-image.sh) and
 # docker.io/library/redis:7.0 (Debian's redis-tools, hack/redis-image.sh) are imported into
 # containerd and served by a registry on the namespace's loopback, containerd's only host for
-# docker.io, ghcr.io and localhost, so `busybox` with any pull policy starts, and the controller's
-# image (`push-image`) under its published name. No pull ever leaves the namespace.
+# docker.io, ghcr.io, localhost and 127.0.0.1:5000 (its own address, for `exec`), so `busybox` with
+# any pull policy starts, and the controller's image (`push-image`) under its published name. No
+# pull ever leaves the namespace.
 #
 # Network rule: every process of the node (kubelet, containerd, shims, pods) lives in a network
 # namespace this script creates, reachable only through loopback relays:
@@ -76,8 +82,9 @@ node_ip=10.250.0.1
 bridge_mac=0a:58:0a:fa:00:01
 pod_subnet=10.250.0.0/24
 registry_port=5000 # on the namespace's own loopback
-# Registries whose only host, for containerd, is that registry.
-mirrored=(docker.io ghcr.io localhost)
+# Registries whose only host, for containerd, is that registry; the last is the registry's own
+# address in the namespace (a release pushed there by `exec hack/release.sh` names it).
+mirrored=(docker.io ghcr.io localhost "127.0.0.1:$registry_port")
 sandbox_image=localhost/scaledown/sandbox:busybox
 # Cluster DNS (see the header): the kube-dns Service's ClusterIP, inside the service CIDR of
 # hack/cluster.sh, and the cluster domain.
@@ -827,8 +834,19 @@ cmd_push_image() {
   log "pushed $ref (127.0.0.1:$registry_port/$path:$tag in the node's namespace)"
 }
 
+# exec CMD...: CMD in the node's network namespace (only its network: files and mounts are the host's).
+cmd_exec() {
+  [[ $# -gt 0 ]] || die "usage: $0 exec CMD [ARG...]"
+  if ! { alive holder && registry_ok; }; then die "the real node is not up (hack/real-node.sh up)"; fi
+  exec nsenter -t "$(pid_of holder)" -n -- "$@"
+}
+
 case "${1:-}" in
 up) cmd_up ;;
+exec)
+  shift
+  cmd_exec "$@"
+  ;;
 push-image)
   shift
   cmd_push_image "$@"
@@ -836,7 +854,7 @@ push-image)
 down) cmd_down ;;
 status) cmd_status ;;
 *)
-  echo "usage: $0 up|down|status|push-image OCI_LAYOUT REF" >&2
+  echo "usage: $0 up|down|status|push-image OCI_LAYOUT REF|exec CMD..." >&2
   exit 2
   ;;
 esac
