@@ -329,7 +329,7 @@ mod tests {
             let orphans = [("ns".to_string(), 1)].into();
             let statuses = [(crate::scaledown::decide::status::Status::Idle, 1)].into();
             crate::scaledown::gauges::encode(&mut encoder, 1, &orphans, &statuses)?;
-            crate::releaser::encode_pool(
+            crate::releaser::gauges::encode_pool(
                 &mut encoder,
                 &[(("pool".into(), "Available".into()), 2)].into(),
             )

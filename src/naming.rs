@@ -60,6 +60,13 @@ pub fn pod_name(set: &str, ordinal: u32) -> String {
     format!("{set}-{ordinal}")
 }
 
+/// Name of the scrub pod and of the temporary claim of PV `pv` (the releaser's).
+pub fn scrub_name(pv: &str) -> String {
+    let mut name = format!("scrub-{pv}");
+    name.truncate(253);
+    name
+}
+
 /// Name of the claim of claim template `template` of `set` at `ordinal`.
 pub fn claim_name(template: &str, set: &str, ordinal: u32) -> String {
     format!("{template}-{set}-{ordinal}")

@@ -19,15 +19,15 @@ use crate::naming::WAITING_SINCE_ANNOTATION;
 use crate::reason::Reason;
 use crate::report::{Outcome, Reporter};
 
-pub struct Binder {
+pub struct Actor {
     client: Client,
     reporter: Arc<Reporter>,
     leadership: Arc<Leadership>,
 }
 
-impl Binder {
+impl Actor {
     pub fn new(client: Client, reporter: Arc<Reporter>, leadership: Arc<Leadership>) -> Self {
-        Binder {
+        Actor {
             client,
             reporter,
             leadership,
@@ -287,7 +287,7 @@ mod tests {
             &metrics,
             true,
         );
-        let binder = Binder::new(client, reporter, Arc::new(Leadership::always()));
+        let binder = Actor::new(client, reporter, Arc::new(Leadership::always()));
         let facts = claim(Vec::new());
         binder
             .attach(&facts, &pods(&["runner"]))

@@ -22,7 +22,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
-use super::act::Binder;
+use super::act::Actor;
 use super::decide::{Plan, decide};
 use super::observe::{ClaimFacts, Fresh, PodRead, observe, read_pods};
 use crate::caches::{Caches, Claim, candidate_sets, makes_claim};
@@ -41,7 +41,7 @@ pub struct Context {
     pub caches: Caches,
     /// The claims (the shared ones, in the kube store the Controller reads from).
     pub claims: Store<Claim>,
-    pub binder: Binder,
+    pub actor: Actor,
     pub grace: Duration,
     pub leadership: Arc<Leadership>,
     /// Times, backs off and reports every pass.
@@ -52,7 +52,7 @@ impl Context {
     pub fn new(
         client: Client,
         (caches, claims): (Caches, Store<Claim>),
-        binder: Binder,
+        actor: Actor,
         grace: Duration,
         leadership: Arc<Leadership>,
         runner: Runner<Claim>,
@@ -61,7 +61,7 @@ impl Context {
             client,
             caches,
             claims,
-            binder,
+            actor,
             grace,
             leadership,
             runner,
@@ -85,22 +85,22 @@ impl Context {
         match plan {
             Plan::Skip | Plan::ReadPods => Ok(Action::await_change()),
             Plan::Attach(pods) => {
-                self.binder.attach(&facts, &pods).await?;
+                self.actor.attach(&facts, &pods).await?;
                 Ok(Action::await_change())
             }
             Plan::Delete => {
-                self.binder.delete(&facts).await?;
+                self.actor.delete(&facts).await?;
                 Ok(Action::await_change())
             }
             Plan::Record(waiting) => {
                 // The record's own change wakes the claim again; the poll is the fallback.
-                self.binder.record(&facts, &waiting).await?;
+                self.actor.record(&facts, &waiting).await?;
                 Ok(Action::requeue(WAIT_POLL))
             }
             Plan::Wait(left) => Ok(Action::requeue(left.min(WAIT_POLL))),
             Plan::Refuse(reason, note) => {
                 // Reported once per claim and note (the reporter remembers it, until the claim goes).
-                self.binder.refuse(&facts, reason, note).await;
+                self.actor.refuse(&facts, reason, note).await;
                 Ok(Action::requeue(REFUSED_RECHECK))
             }
         }

@@ -25,7 +25,7 @@ use crate::metrics::Metrics;
 use crate::reason::Reason;
 use crate::report::{Outcome, Reporter};
 
-pub struct Releaser {
+pub struct Actor {
     client: Client,
     reporter: Arc<Reporter>,
     metrics: Arc<Metrics>,
@@ -36,14 +36,14 @@ pub struct Releaser {
     created: Mutex<HashMap<String, String>>,
 }
 
-impl Releaser {
+impl Actor {
     pub fn new(
         client: Client,
         reporter: Arc<Reporter>,
         metrics: Arc<Metrics>,
         leadership: Arc<Leadership>,
     ) -> Self {
-        Releaser {
+        Actor {
             client,
             reporter,
             metrics,

@@ -16,7 +16,6 @@
 //! breaks while a scrub waits for its pod fails that scrub, as a failed pod would.
 
 use super::observe::{ClaimRead, PvFacts, ScrubPod, ScrubTemplate};
-use super::scrub;
 use super::scrub::Scrub;
 
 /// What to do about one PV.
@@ -214,7 +213,7 @@ fn scrubbing(pv: &PvFacts, scrub: &Scrub) -> Plan {
         }
         (Scrub::Running(_), ScrubPod::Missing) if bound => match &pv.scrub_template {
             ScrubTemplate::Pod(template) => in_scrub_ns(pv, |namespace| Plan::CreateScrubPod {
-                pod: scrub::render(template, &pv.name, &namespace),
+                pod: crate::template::scrub::render(template, &pv.name, &namespace),
                 temp_uid: temp_uid.clone(),
                 namespace,
             }),

@@ -7,7 +7,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use serde_json::Value;
 
-use super::scrub::{self, Scrub};
+use super::scrub::Scrub;
 use crate::naming::{CONTROLLER_ID_ANNOTATION, SCRUB_STATE_ANNOTATION, SCRUB_TEMPLATE_ANNOTATION};
 
 /// The scrub pod of a PV, as the scrub-pod cache shows it.
@@ -28,7 +28,7 @@ pub enum ScrubPod {
 pub enum ScrubTemplate {
     /// No scrub template (or an empty one): the PV is released without a scrub.
     Absent,
-    /// A template that makes a scrub pod ([`scrub::check`]ed, not yet rendered for the PV).
+    /// A template that makes a scrub pod ([`crate::template::scrub::check`]ed, not yet rendered for the PV).
     Pod(Value),
     /// A template that cannot make a scrub pod: why.
     Invalid(String),
@@ -134,7 +134,7 @@ pub fn scrub_template(class: Option<&StorageClass>) -> ScrubTemplate {
     let raw = class.and_then(|c| c.annotations().get(SCRUB_TEMPLATE_ANNOTATION));
     match raw.filter(|t| !t.trim().is_empty()) {
         None => ScrubTemplate::Absent,
-        Some(raw) => match scrub::check(raw) {
+        Some(raw) => match crate::template::scrub::check(raw) {
             Ok(pod) => ScrubTemplate::Pod(pod),
             Err(why) => ScrubTemplate::Invalid(why),
         },

@@ -12,7 +12,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tracing::debug;
 
-use super::act::Releaser;
+use super::act::Actor;
 use super::decide::{Plan, decide};
 use super::observe::{ClaimRead, ClaimRef, observe};
 use super::scrub;
@@ -32,7 +32,7 @@ pub struct Context {
     pub scrub_ns: Option<String>,
     /// This releaser's id (`--pv-releaser-id`).
     pub id: String,
-    pub releaser: Releaser,
+    pub actor: Actor,
     pub leadership: Arc<Leadership>,
     /// Times, backs off and reports every pass.
     pub runner: Runner<PersistentVolume>,
@@ -46,7 +46,7 @@ impl Context {
         scrub_pods: Store<Pod>,
         scrub_ns: Option<String>,
         id: String,
-        releaser: Releaser,
+        actor: Actor,
         leadership: Arc<Leadership>,
         runner: Runner<PersistentVolume>,
     ) -> Self {
@@ -56,7 +56,7 @@ impl Context {
             scrub_pods,
             scrub_ns,
             id,
-            releaser,
+            actor,
             leadership,
             runner,
         }
@@ -82,7 +82,7 @@ impl Context {
             plan = decide(&facts, &self.id);
         }
         debug!(pv = %facts.name, ?plan, "decided");
-        self.releaser.act(pv, &facts, plan).await?;
+        self.actor.act(pv, &facts, plan).await?;
         Ok(Action::requeue(RESYNC))
     }
 

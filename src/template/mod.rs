@@ -10,6 +10,7 @@ mod error;
 #[cfg(test)]
 mod fuzz;
 pub mod inherit;
+pub mod scrub;
 #[cfg(test)]
 mod tests;
 

@@ -35,7 +35,7 @@ pub(super) fn pods(names: &[&str]) -> Vec<PodRef> {
         .collect()
 }
 
-fn binder(client: Client, leadership: Leadership, dry_run: bool) -> Binder {
+fn binder(client: Client, leadership: Leadership, dry_run: bool) -> Actor {
     let metrics = Arc::new(Metrics::default());
     let (reporter, _) = crate::pass::test_parts::<PersistentVolumeClaim>(
         crate::naming::Controller::PodBound,
@@ -43,10 +43,10 @@ fn binder(client: Client, leadership: Leadership, dry_run: bool) -> Binder {
         &metrics,
         dry_run,
     );
-    Binder::new(client, reporter, Arc::new(leadership))
+    Actor::new(client, reporter, Arc::new(leadership))
 }
 
-fn serve<F>(answer: F) -> (Binder, Log)
+fn serve<F>(answer: F) -> (Actor, Log)
 where
     F: Fn(&Sent) -> Answer + Send + Sync + 'static,
 {
