@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::deploy::*;
-use support::{Cluster, Reclaim};
+use support::{Cluster, Reclaim, repo_dir};
 
 // === tests ===
 
@@ -91,7 +91,7 @@ fn manifests_grant_the_same_rules_in_both_modes() {
 fn manifest_images_match_the_makefile() {
     let image = support::makefile_image();
     let image = image.as_str();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("artifacts"))
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo_dir().join("artifacts"))
         .expect("artifacts/")
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))

@@ -132,11 +132,11 @@ async fn populate(
 /// A background pod bound to a fake node, of a seeded shape (labels, annotations, env,
 /// containers): something like the pods of a real cluster, which the controller must watch.
 pub fn background_pod(i: usize, namespace: &str, rng: &mut Rng) -> Pod {
-    let labels: serde_json::Map<String, Value> = (0..2 + rng.below(5))
+    let labels: serde_json::Map<String, Value> = (0..2 + rng.index(5))
         .map(|k| {
             (
                 format!("label-{k}"),
-                json!(format!("value-{}", rng.below(1000))),
+                json!(format!("value-{}", rng.index(1000))),
             )
         })
         .chain([
@@ -144,21 +144,21 @@ pub fn background_pod(i: usize, namespace: &str, rng: &mut Rng) -> Pod {
             ("app".into(), json!(format!("app-{}", i % 97))),
         ])
         .collect();
-    let annotations: serde_json::Map<String, Value> = (0..rng.below(4))
+    let annotations: serde_json::Map<String, Value> = (0..rng.index(4))
         .map(|k| {
             (
                 format!("example.com/note-{k}"),
-                json!("x".repeat(32 + rng.below(224))),
+                json!("x".repeat(32 + rng.index(224))),
             )
         })
         .collect();
-    let containers: Vec<Value> = (0..1 + rng.below(2))
+    let containers: Vec<Value> = (0..1 + rng.index(2))
         .map(|c| {
-            let env: Vec<Value> = (0..rng.below(9))
+            let env: Vec<Value> = (0..rng.index(9))
                 .map(|e| json!({"name": format!("VAR_{e}"), "value": format!("{}", rng.next_u64())}))
                 .collect();
             json!({
-                "name": format!("c{c}"), "image": format!("registry.example.com/app:{}", rng.below(50)),
+                "name": format!("c{c}"), "image": format!("registry.example.com/app:{}", rng.index(50)),
                 "env": env, "ports": [{"containerPort": 8080 + c}],
                 "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
             })
