@@ -19,6 +19,8 @@
 //! (`error`), compatibility strings (`naming`), JSON patches (`apijson`), pod templates
 //! (`template`) and `kubectl scaledown` (`plugin`).
 
+#![warn(missing_docs)]
+
 pub mod api_metrics;
 pub mod apijson;
 pub mod app;
@@ -39,6 +41,8 @@ pub mod reason;
 pub mod releaser;
 pub mod report;
 pub mod resuming;
+// Documented in the next step (its internals are being restructured, issue 24 item 1).
+#[allow(missing_docs)]
 pub mod scaledown;
 pub mod settings;
 pub mod shutdown;

@@ -31,8 +31,11 @@ use crate::report::{Outcome, Reporter};
 /// and the changes an outage hid arrive when the watches resume).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Backoff {
+    /// The wait after the first failure.
     pub base: Duration,
+    /// The longest wait.
     pub max: Duration,
+    /// The longest wait when the API server could not be reached.
     pub transport_max: Duration,
 }
 
@@ -47,6 +50,7 @@ impl Default for Backoff {
 }
 
 impl Backoff {
+    /// The wait after `failures` failed passes in a row, the last of `category`.
     pub fn after(&self, failures: u32, category: Category) -> Duration {
         let cap = match category {
             Category::Transport => self.transport_max,
@@ -82,6 +86,7 @@ impl<K> Runner<K>
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
+    /// A runner of `controller`'s passes that reports through `reporter`.
     pub fn new(
         controller: Controller,
         backoff: Backoff,

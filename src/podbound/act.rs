@@ -19,6 +19,7 @@ use crate::naming::WAITING_SINCE_ANNOTATION;
 use crate::reason::Reason;
 use crate::report::{Outcome, Reporter};
 
+/// The pod-bound claims' writer: the owner patch, the waiting record, the deletion, and the reports.
 pub struct Actor {
     client: Client,
     reporter: Arc<Reporter>,
@@ -26,6 +27,7 @@ pub struct Actor {
 }
 
 impl Actor {
+    /// A writer through `client`, reporting through `reporter`, that writes only while `leadership` allows.
     pub fn new(client: Client, reporter: Arc<Reporter>, leadership: Arc<Leadership>) -> Self {
         Actor {
             client,
@@ -47,6 +49,7 @@ impl Actor {
         Ok(!self.reporter.skipped(&claim_ref(claim), what).await)
     }
 
+    /// Adds `pods` as owners of `claim` (a JSON patch whose test ops pin the claim's UID and resourceVersion).
     pub async fn attach(&self, claim: &ClaimFacts, pods: &[PodRef]) -> Result<()> {
         let who = names(pods);
         let what = format!("bind claim {} to pods {who}", claim.name);
@@ -192,6 +195,7 @@ pub fn waiting_patch(
     ]))
 }
 
+/// The JSON patch that adds `pods` as owners of `claim`, tested against the state it was decided on.
 pub fn owner_patch(
     claim: &ClaimFacts,
     pods: &[PodRef],

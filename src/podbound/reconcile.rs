@@ -35,20 +35,26 @@ const WAIT_POLL: Duration = Duration::from_secs(5);
 /// A refused or in-use claim is looked at again after this long.
 const REFUSED_RECHECK: Duration = Duration::from_secs(60);
 
+/// What every pass over a claim shares.
 pub struct Context {
+    /// The client of the live reads.
     pub client: Client,
     /// The shared caches: pods and StatefulSets are read from them.
     pub caches: Caches,
     /// The claims (the shared ones, in the kube store the Controller reads from).
     pub claims: Store<Claim>,
+    /// The writer.
     pub actor: Actor,
+    /// How long a claim waits for its pod to appear (`--pod-bound-grace`).
     pub grace: Duration,
+    /// Whether this process leads.
     pub leadership: Arc<Leadership>,
     /// Times, backs off and reports every pass.
     pub runner: Runner<Claim>,
 }
 
 impl Context {
+    /// The context from its parts.
     pub fn new(
         client: Client,
         (caches, claims): (Caches, Store<Claim>),
@@ -168,6 +174,7 @@ pub async fn reconcile(claim: Arc<Claim>, ctx: Arc<Context>) -> Result<Action> {
     ctx.runner.run(&claim, ctx.pass(&claim)).await
 }
 
+/// The error policy handed to kube's Controller: look again when the backoff is over.
 pub fn error_policy(claim: Arc<Claim>, _err: &Error, ctx: Arc<Context>) -> Action {
     ctx.runner.error_policy(&claim)
 }

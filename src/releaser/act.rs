@@ -25,6 +25,7 @@ use crate::metrics::Metrics;
 use crate::reason::Reason;
 use crate::report::{Outcome, Reporter};
 
+/// The releaser's writer: the guarded patches of the plan, the scrub's claim and pod, and the reports.
 pub struct Actor {
     client: Client,
     reporter: Arc<Reporter>,
@@ -37,6 +38,7 @@ pub struct Actor {
 }
 
 impl Actor {
+    /// A writer through `client`, reporting through `reporter`, that writes only while `leadership` allows.
     pub fn new(
         client: Client,
         reporter: Arc<Reporter>,

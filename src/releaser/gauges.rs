@@ -14,12 +14,16 @@ use crate::naming::CONTROLLER_ID_ANNOTATION;
 /// What `/metrics` (the pool gauge) and `/readyz` read of the releaser.
 #[derive(Clone)]
 pub struct Pool {
+    /// The PV cache.
     pub pvs: Store<PersistentVolume>,
+    /// The StorageClass cache.
     pub classes: Store<StorageClass>,
+    /// This releaser's id (`--pv-releaser-id`).
     pub id: String,
 }
 
 impl Pool {
+    /// PVs of this releaser's classes by (class, phase).
     pub fn counts(&self) -> BTreeMap<(String, String), usize> {
         pool(&self.pvs, &self.classes, &self.id)
     }

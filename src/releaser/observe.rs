@@ -18,9 +18,17 @@ pub enum ScrubPod {
     /// Pending or Running.
     Busy,
     /// Succeeded; the pod's UID (its deletion's precondition).
-    Succeeded { uid: String },
+    Succeeded {
+        /// The pod's UID.
+        uid: String,
+    },
     /// Failed, with the reason to report.
-    Failed { uid: String, reason: String },
+    Failed {
+        /// The pod's UID.
+        uid: String,
+        /// Why it failed.
+        reason: String,
+    },
 }
 
 /// The scrub its StorageClass asks for.
@@ -37,7 +45,9 @@ pub enum ScrubTemplate {
 /// Facts about one PV.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PvFacts {
+    /// The PV's name.
     pub name: String,
+    /// The PV's UID.
     pub uid: String,
     /// `status.phase` (empty when not reported yet).
     pub phase: String,
@@ -47,7 +57,9 @@ pub struct PvFacts {
     pub class: String,
     /// The controller id on its StorageClass (`None`: no class, the class is gone, or no annotation).
     pub class_id: Option<String>,
+    /// `spec.claimRef`, if set.
     pub claim_ref: Option<ClaimRef>,
+    /// The PV is being deleted.
     pub deleting: bool,
     /// What a live read of the claim in `claim_ref` showed.
     pub claim: ClaimRead,
@@ -57,13 +69,16 @@ pub struct PvFacts {
     pub scrub_ns: Option<String>,
     /// The scrub recorded on the PV.
     pub scrub: Option<Scrub>,
+    /// Its scrub pod, as the scrub-pod cache shows it.
     pub scrub_pod: ScrubPod,
 }
 
 /// The claim a PV names in `spec.claimRef`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimRef {
+    /// The claim's namespace.
     pub namespace: String,
+    /// The claim's name.
     pub name: String,
     /// Empty when the PV is only pre-bound by name.
     pub uid: String,
@@ -81,7 +96,10 @@ pub enum ClaimRead {
     /// Not read (facts from the caches only).
     NotRead,
     /// A claim of that name exists, with this UID.
-    Exists { uid: String },
+    Exists {
+        /// The claim's UID.
+        uid: String,
+    },
     /// No claim of that name.
     Gone,
 }

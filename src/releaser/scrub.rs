@@ -20,6 +20,7 @@ pub enum Scrub {
 }
 
 impl Scrub {
+    /// `<state>:<uid>` as [`Scrub::format`] writes it; `None` for anything else.
     pub fn parse(raw: &str) -> Option<Scrub> {
         let (state, uid) = raw.split_once(':')?;
         let uid = uid.to_string();
@@ -31,6 +32,7 @@ impl Scrub {
         }
     }
 
+    /// The annotation's value: `running:<uid>`, `scrubbed:<uid>` or `failed:<uid>`.
     pub fn format(&self) -> String {
         match self {
             Scrub::Running(u) => format!("running:{u}"),
@@ -39,6 +41,7 @@ impl Scrub {
         }
     }
 
+    /// The UID of the temporary claim.
     pub fn temp_uid(&self) -> &str {
         match self {
             Scrub::Running(u) | Scrub::Scrubbed(u) | Scrub::Failed(u) => u,

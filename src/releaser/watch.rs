@@ -16,7 +16,9 @@ use crate::resuming::resuming;
 
 /// The releaser's caches (PVs, StorageClasses, both cluster-wide) and their change streams.
 pub struct Watches {
+    /// The PV cache.
     pub pvs: Store<PersistentVolume>,
+    /// The StorageClass cache.
     pub classes: Store<StorageClass>,
     /// Scrub pods of the scrub namespace (empty without one).
     pub scrub_pods: Store<Pod>,
@@ -26,6 +28,7 @@ pub struct Watches {
 }
 
 impl Watches {
+    /// The watches through `client`; scrub pods only with a scrub namespace.
     pub fn new(client: &Client, scrub_ns: Option<&str>) -> Watches {
         let (scrub_pods, scrub_writer) = reflector::store();
         let scrub_changes = match scrub_ns {
@@ -68,6 +71,7 @@ impl Watches {
         }
     }
 
+    /// What the pool gauge and `/readyz` read, for the releaser with this `id`.
     pub fn pool(&self, id: &str) -> Pool {
         Pool {
             pvs: self.pvs.clone(),
