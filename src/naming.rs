@@ -45,6 +45,11 @@ pub const PAUSED_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-paused
 /// StatefulSet made while the pod holds the name lock confirms the ordinal is still orphaned.
 pub const CONFIRM_GATE: &str = "statefulsets.kubernetes.io/scaledown-confirm";
 
+/// StatefulSet annotation this controller writes on a set being deleted once it has proven a
+/// foreground or background deletion (`Foreground/<uid>`, `Background/<uid>`): after the
+/// finalizer or pods that proved it are gone, it tells such a deletion from an orphan one.
+pub const DELETION_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-deletion";
+
 /// Finalizers the API server puts on an object deleted with foreground or orphan propagation.
 pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
 /// The finalizer of an orphan-propagation deletion.

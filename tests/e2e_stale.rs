@@ -16,7 +16,7 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, ResourceQuota};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::runtime::watcher;
@@ -288,6 +288,111 @@ async fn orphan_deletion_with_a_lagging_pod_watch_keeps_pods_and_claims() {
 #[tokio::test(flavor = "multi_thread")]
 async fn orphan_deletion_with_fresh_views_keeps_pods_and_claims() {
     orphan_deletion_keeps_everything("fresh-orphan", None).await;
+}
+
+/// An orphan deletion of a set none of whose pods exists: once the garbage collector has dropped
+/// the `orphan` finalizer, no finalizer and no pod is left to tell it from a background deletion.
+/// The controller must keep the claims (Warning `DeletionUnproven`), not clean every ordinal as it
+/// did when such a set read as a background deletion. A quota refuses the set's pods (they request
+/// CPU); the cleanup pods request nothing, so the quota would not have stopped them.
+#[tokio::test(flavor = "multi_thread")]
+async fn orphan_deletion_of_a_set_without_pods_keeps_its_claims() {
+    let (_sieve, env) = env_behind_sieve("orphan-no-pods", 3, |_| {}).await;
+    refuse_pods_with_requests(&env).await;
+    create_markers(&env).await;
+    let mut spec = SetSpec::new("web", 3, &env.class);
+    spec.parallel = true;
+    spec.extra_spec = json!({"template": {
+        "metadata": {"labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "main", "image": "busybox",
+                                 "resources": {"requests": {"cpu": "10m"}},
+                                 "volumeMounts": [{"name": "data", "mountPath": "/data"}]}]}
+    }});
+    // Made by hand with the set's labels, as for pre-provisioned data (the StatefulSet controller
+    // stops at the first pod the quota refuses, before it makes the next claim).
+    for n in 0..3 {
+        let claim: PersistentVolumeClaim = from_json(json!({
+            "metadata": {"name": format!("data-web-{n}"), "labels": {"app": "web"}},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": env.class,
+                     "resources": {"requests": {"storage": "1Gi"}}}
+        }));
+        env.claims()
+            .create(&PostParams::default(), &claim)
+            .await
+            .expect("create claim");
+    }
+    env.create(&spec).await;
+    let mut kept = Vec::new();
+    for n in 0..3 {
+        let name = format!("data-web-{n}");
+        wait_for_pvc_phase(&env.claims(), &name, "Bound", LONG).await;
+        kept.push(env.claim_uid(&name).await);
+    }
+    env.wait_finalizer("web", true).await;
+    let pods = env.record_pods().await;
+    let claims = env.record_claims().await;
+    let (pod_mark, claim_mark) = (pods.mark(), claims.mark());
+    assert!(
+        pods.since(0).iter().all(|s| s.name == "window-marker"),
+        "the quota let a pod of the set through"
+    );
+
+    let orphan = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Orphan),
+        ..Default::default()
+    };
+    env.sets()
+        .delete("web", &orphan)
+        .await
+        .expect("delete web (orphan)");
+    wait_for_gone(&env.sets(), "web", LONG).await;
+    env.wait_event("web", "DeletionUnproven").await;
+    pods.close_window(&env.pods(), "window-marker").await;
+    claims.close_window(&env.claims(), "window-marker").await;
+
+    let created: Vec<String> = pods
+        .since(pod_mark)
+        .iter()
+        .filter(|s| s.name != "window-marker")
+        .map(describe)
+        .collect();
+    let deleted: Vec<String> = claims
+        .since(claim_mark)
+        .iter()
+        .filter(|s| s.name.starts_with("data-web-") && s.deleting)
+        .map(describe)
+        .collect();
+    assert!(created.is_empty(), "pods created: {created:?}");
+    assert!(deleted.is_empty(), "claims deleted: {deleted:?}");
+    let mut now = Vec::new();
+    for n in 0..3 {
+        now.push(env.claim_uid(&format!("data-web-{n}")).await);
+    }
+    assert_eq!(now, kept, "the claims are the ones the set made");
+    let note = env.event_notes("web", "DeletionUnproven").await.join(" | ");
+    eprintln!("[stale] orphan deletion without pods: claims kept {kept:?}; Warning: {note}");
+}
+
+/// A quota that refuses every pod requesting resources (scope `NotBestEffort`), once its status
+/// is filled in (admission reads it).
+async fn refuse_pods_with_requests(env: &Env) {
+    let quota: ResourceQuota = from_json(json!({
+        "metadata": {"name": "no-requesting-pods"},
+        "spec": {"hard": {"pods": "0"}, "scopes": ["NotBestEffort"]}
+    }));
+    let quotas: Api<ResourceQuota> = env.ns.api();
+    quotas
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("create quota");
+    wait_for_some("the quota's status", LONG, || async {
+        quotas
+            .get("no-requesting-pods")
+            .await
+            .ok()
+            .and_then(|q| q.status?.hard)
+    })
+    .await;
 }
 
 // === scale-down with a lagging claim watch ===

@@ -27,7 +27,7 @@ use crate::naming;
 use crate::reason::Reason;
 use crate::report::{Outcome, Reporter};
 use crate::scaledown::decide::status::{Change, Write};
-use crate::scaledown::decide::{Event, Plan, PodDeletion, Step, Verdict};
+use crate::scaledown::decide::{Event, Plan, PodDeletion, Propagation, Step, Verdict, mark_value};
 use crate::scaledown::expect::{Gone, Mark};
 use crate::scaledown::observe::{Record, SetFacts, format_records};
 
@@ -143,6 +143,12 @@ impl Actor {
                     .await?;
                 if status.is_some() {
                     done.status = Some(written);
+                }
+                Ok(())
+            }
+            Step::MarkDeletion { propagation } => {
+                if !self.mark_deletion(set, *propagation).await? {
+                    done.stale = true;
                 }
                 Ok(())
             }
@@ -270,6 +276,34 @@ impl Actor {
         let verb = if adding { "added" } else { "removed" };
         info!(set = %set.name, namespace = %set.namespace, "{verb} finalizer {}", naming::FINALIZER);
         Ok(true)
+    }
+
+    /// Leaves the deletion mark on the set (merge patch guarded by its UID: a set of that name
+    /// created since gets none). `Ok(false)`: the set is gone or replaced, the plan is stale.
+    async fn mark_deletion(&self, set: &SetFacts, propagation: Propagation) -> Result<bool> {
+        let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), &set.namespace);
+        let value = mark_value(propagation, &set.uid);
+        let patch = json!({"metadata": {
+            "uid": set.uid,
+            "annotations": {naming::DELETION_ANNOTATION: value},
+        }});
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        match api.patch(&set.name, &params, &Patch::Merge(&patch)).await {
+            Ok(_) => {
+                info!(set = %set.name, namespace = %set.namespace, mark = %value, "marked the deletion's propagation");
+                Ok(true)
+            }
+            Err(e) if is_status(&e, &[code::NOT_FOUND, code::CONFLICT, code::INVALID]) => {
+                debug!(set = %set.name, error = %e, "set gone or replaced before its deletion mark");
+                Ok(false)
+            }
+            Err(e) => Err(Error::kube("mark the deletion of statefulset", &set.name)(
+                e,
+            )),
+        }
     }
 
     /// Writes the status annotations in a patch of their own, guarded by test ops on the set's UID
@@ -686,6 +720,7 @@ pub fn describe(step: &Step) -> String {
         Step::SetFinalizers { adding: false, .. } => {
             format!("remove finalizer {}", naming::FINALIZER)
         }
+        Step::MarkDeletion { propagation } => format!("mark deletion {propagation:?}"),
         Step::DeleteStatefulPod { name, .. } => format!("delete pod {name}"),
         Step::CreateCleanupPod {
             ordinal, attempt, ..

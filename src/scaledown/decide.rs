@@ -122,6 +122,9 @@ enum Hold {
     OptedOut,
     Template,
     OrphanDeletion,
+    /// The set is being deleted and nothing left proves how ([`Propagation::Unproven`]): treated
+    /// as an orphan deletion.
+    UnprovenDeletion,
     /// The set carries the paused annotation: no new cleanup pod, no retry.
     Paused,
     RetainedByKubernetes,
@@ -136,6 +139,9 @@ impl Hold {
                 "StatefulSet is paused (annotation statefulsets.kubernetes.io/scaledown-paused)"
             }
             Hold::OrphanDeletion => "StatefulSet was deleted with orphan propagation",
+            Hold::UnprovenDeletion => {
+                "StatefulSet is being deleted and no finalizer, pod or mark of ours left proves a foreground or background deletion: its claims are kept"
+            }
             Hold::RetainedByKubernetes => "claim retention policy deletes the claims",
         }
     }
@@ -149,6 +155,8 @@ struct View<'a> {
     template: Option<template::CleanupTemplate>,
     /// The set's scheduling fields its cleanup pods inherit, when they do.
     inherited: Option<&'a serde_json::Map<String, Value>>,
+    /// How the set is being deleted, if it is.
+    deletion: Option<Propagation>,
     background_deletion: bool,
     hold: Option<Hold>,
 }
@@ -169,6 +177,9 @@ pub fn decide(o: &Observed, policy: &Policy) -> Plan {
     let mut plan = Plan::default();
     add_finalizer(&o.set, &mut plan);
     let view = View::new(o, policy, &mut plan);
+    if let Some(propagation) = deletion::to_mark(o, view.deletion).filter(|_| view.opted_in) {
+        plan.steps.push(Step::MarkDeletion { propagation });
+    }
     let scan = scan_ordinals(&view, &mut plan);
     hold_events(&view, &scan, &mut plan);
     if let (None, Some(template)) = (view.hold, &view.template) {
@@ -184,7 +195,8 @@ pub fn decide(o: &Observed, policy: &Policy) -> Plan {
         delete_stateful_pods(&o.set, &scan.stateful_pods, &mut plan);
     }
     release_finalizer(&view, &scan, &mut plan);
-    if o.set.deleting && plan.steps.iter().any(Step::destructive) {
+    let unproven = view.hold == Some(Hold::UnprovenDeletion);
+    if o.set.deleting && (unproven || plan.steps.iter().any(Step::destructive)) {
         // The propagation is inferred from the pods: only a live read of them (after the set)
         // tells an orphan deletion from a background one (see `propagation`).
         plan.confirm(Confirm::SetAndNamespace);
@@ -199,45 +211,6 @@ pub fn decide(o: &Observed, policy: &Policy) -> Plan {
             ..plan
         },
     }
-}
-
-/// How a set being deleted is being deleted, as far as the facts tell.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Propagation {
-    /// The garbage collector deletes the pods first (finalizer `foregroundDeletion`).
-    Foreground,
-    /// Nobody deletes the pods while our finalizer holds the set: we do.
-    Background,
-    /// The pods and claims are kept: the garbage collector takes the set's ownerReferences off
-    /// the pods, then the `orphan` finalizer off the set.
-    Orphan,
-}
-
-/// The propagation of the set's deletion (`None` while it is not being deleted). The `orphan`
-/// finalizer says so only until the garbage collector has orphaned the pods; after that, a pod
-/// named after an ordinal that the set no longer owns does. So a view in which the pods lag the
-/// set mistakes an orphan deletion for a background one: destructive steps of a deleting set are
-/// only decided on a live read of the set and then of its pods (`decide` asks for one), and the
-/// pass does nothing when that read and its cache disagree on the propagation.
-pub fn propagation(o: &Observed) -> Option<Propagation> {
-    let set = &o.set;
-    if !set.deleting {
-        return None;
-    }
-    let has = |f: &str| set.finalizers.iter().any(|x| x == f);
-    let foreign_pods = o
-        .ordinals
-        .values()
-        .any(|f| matches!(f.pod.as_ref().map(|p| &p.role), Some(PodRole::Foreign)));
-    Some(if has(naming::ORPHAN_FINALIZER) {
-        Propagation::Orphan
-    } else if has(naming::FOREGROUND_FINALIZER) {
-        Propagation::Foreground
-    } else if foreign_pods {
-        Propagation::Orphan
-    } else {
-        Propagation::Background
-    })
 }
 
 /// Whether a read of this kind is enough for steps that need `depth`.
@@ -280,6 +253,8 @@ impl<'a> View<'a> {
         } else if set.deleting && set.when_deleted_delete || !set.deleting && set.when_scaled_delete
         {
             Some(Hold::RetainedByKubernetes)
+        } else if deletion == Some(Propagation::Unproven) {
+            Some(Hold::UnprovenDeletion)
         } else if set.paused {
             Some(Hold::Paused)
         } else if template.is_none() {
@@ -293,6 +268,7 @@ impl<'a> View<'a> {
             opted_in,
             template,
             inherited,
+            deletion,
             background_deletion,
             hold,
         }
@@ -518,6 +494,14 @@ fn hold_events(view: &View<'_>, scan: &Scan<'_>, plan: &mut Plan) {
             "orphan",
             "the StatefulSet was deleted with orphan propagation: its pods and claims are kept and no cleanup runs".into(),
         ),
+        Some(Hold::UnprovenDeletion) if scan.claims_left => plan.event(
+            Reason::DeletionUnproven,
+            "unproven",
+            format!(
+                "the StatefulSet is being deleted, but no orphan or foregroundDeletion finalizer, no pod of its ordinals and no mark of ours ({}) is left to tell an orphan deletion from a background one: its claims are kept as after an orphan deletion and no cleanup runs; delete them yourself if their data is not needed",
+                naming::DELETION_ANNOTATION
+            ),
+        ),
         _ => {}
     }
 }
@@ -699,7 +683,7 @@ fn release_finalizer(view: &View<'_>, scan: &Scan<'_>, plan: &mut Plan) {
         !view.opted_in && !scan.in_flight
     } else if matches!(
         view.hold,
-        Some(Hold::OrphanDeletion | Hold::RetainedByKubernetes)
+        Some(Hold::OrphanDeletion | Hold::UnprovenDeletion | Hold::RetainedByKubernetes)
     ) {
         !scan.in_flight
     } else {
@@ -988,9 +972,11 @@ impl CleanupStep<'_> {
 }
 
 mod created;
+mod deletion;
 pub mod plan;
 pub mod status;
 pub use created::{Admission, admit, confirm_created, runs, verdicts};
+pub use deletion::{Propagation, mark_value, propagation};
 pub use plan::{
     CAP_RECHECK, Confirm, Event, Plan, PodDeletion, RECORD_GRACE, RELEASE_RECHECK, Step, Verdict,
 };

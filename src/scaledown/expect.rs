@@ -5,9 +5,11 @@
 //! finished. Until the caches have seen a delete of ours, the object is shown to observe as being
 //! deleted, which is what it is.
 //!
-//! An entry is forgotten once the cache shows the object gone, replaced (another UID) or being
-//! deleted, and at the latest after [`EXPECTATION_TTL`] (client-go's `ExpectationsTimeout`), so the
-//! memory holds at most the deletes of the last few minutes.
+//! A delete is remembered for [`EXPECTATION_TTL`] (client-go's `ExpectationsTimeout`), however
+//! soon the cache shows it: a UID we deleted never comes back alive, so masking it can never hide
+//! a real object, while a cache can show it alive again after it showed it gone (a relist served
+//! by an API server whose watch cache lags, or a resumed watch replaying older events). The memory
+//! holds the deletes of the last few minutes, per namespace.
 //!
 //! The same holds for the next-attempt marks we write on claims. A failed cleanup is retried by
 //! marking its claims with the next attempt and then deleting the pod; when the pod watch shows the
@@ -65,13 +67,11 @@ impl Gone {
 /// How long a delete is expected to reach the caches at the most.
 pub const EXPECTATION_TTL: Duration = Duration::from_secs(300);
 
-type Key = (String, GoneKind, String);
-
 /// Deletes and marks of ours the caches have not shown yet.
 #[derive(Debug, Default)]
 pub struct Expectations {
-    /// (namespace, kind, name) -> (UID, when).
-    gone: HashMap<Key, (String, Instant)>,
+    /// namespace -> (kind, name) -> (UID, when).
+    gone: HashMap<String, HashMap<(GoneKind, String), (String, Instant)>>,
     /// (namespace, claim) -> the mark we wrote.
     marks: HashMap<(String, String), Marked>,
 }
@@ -102,9 +102,12 @@ pub struct Shown {
 impl Expectations {
     /// Records the deletes of one pass in `ns`.
     pub fn deleted(&mut self, ns: &str, gone: &[Gone], now: Instant) {
+        if gone.is_empty() {
+            return;
+        }
+        let of_ns = self.gone.entry(ns.to_string()).or_default();
         for g in gone {
-            let key = (ns.to_string(), g.kind, g.name.clone());
-            self.gone.insert(key, (g.uid.clone(), now));
+            of_ns.insert((g.kind, g.name.clone()), (g.uid.clone(), now));
         }
     }
 
@@ -121,20 +124,17 @@ impl Expectations {
         }
     }
 
-    /// Forgets the deletes and marks the caches show by now (`shows`: what the cache holds under
-    /// that kind, namespace and name) and those older than [`EXPECTATION_TTL`].
+    /// Forgets the deletes older than [`EXPECTATION_TTL`], and the marks the claim cache shows by
+    /// now (`shows`: what the cache holds under that kind, namespace and name) or that are older.
     pub fn forget_seen(
         &mut self,
         now: Instant,
         shows: impl Fn(GoneKind, &str, &str) -> Option<Shown>,
     ) {
         let young = |at: &Instant| now.saturating_duration_since(*at) < EXPECTATION_TTL;
-        self.gone.retain(|(ns, kind, name), (uid, at)| {
-            let pending = match shows(*kind, ns, name) {
-                Some(shown) => shown.uid == *uid && !shown.deleting,
-                None => false,
-            };
-            pending && young(at)
+        self.gone.retain(|_, of_ns| {
+            of_ns.retain(|_, (_, at)| young(at));
+            !of_ns.is_empty()
         });
         self.marks.retain(|(ns, claim), m| {
             let pending = match shows(GoneKind::Claim, ns, claim) {
@@ -153,7 +153,8 @@ impl Expectations {
     /// has not shown it yet.
     pub fn expects_gone(&self, kind: GoneKind, ns: &str, name: &str, uid: &str) -> bool {
         self.gone
-            .get(&(ns.to_string(), kind, name.to_string()))
+            .get(ns)
+            .and_then(|of_ns| of_ns.get(&(kind, name.to_string())))
             .is_some_and(|(u, _)| u == uid)
     }
 
@@ -166,7 +167,7 @@ impl Expectations {
     }
 
     pub fn len(&self) -> usize {
-        self.gone.len() + self.marks.len()
+        self.gone.values().map(HashMap::len).sum::<usize>() + self.marks.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -180,7 +181,7 @@ impl Expectations {
         if self.marks.keys().any(|(n, _)| n == ns) {
             self.mask_marks(ns, &mut slice.claims);
         }
-        if self.gone.keys().all(|(n, _, _)| n != ns) {
+        if !self.gone.contains_key(ns) {
             return;
         }
         mask_all(
@@ -321,44 +322,28 @@ mod tests {
         assert!(other_ns.claims[0].metadata.deletion_timestamp.is_none());
     }
 
+    /// A cache that showed our delete can show the object alive again (a relist served by a
+    /// lagging API server): the delete is remembered for the TTL whatever the cache showed, so the
+    /// claim still reads as being deleted; after the TTL it is forgotten.
     #[test]
-    fn an_expectation_ends_when_the_cache_shows_the_delete_or_after_the_ttl() {
+    fn a_delete_is_remembered_for_the_ttl_even_after_the_cache_showed_it() {
         let start = Instant::now();
         let mut e = Expectations::default();
-        let gone = [
-            gone_claim("still-cached", "a"),
-            gone_claim("deleting", "b"),
-            gone_claim("absent", "c"),
-            gone_claim("replaced", "d"),
-        ];
-        e.deleted("ns", &gone, start);
-        let cache = |_: GoneKind, _: &str, name: &str| match name {
-            "still-cached" => Some(Shown {
-                uid: "a".into(),
-                deleting: false,
-                mark: None,
-            }),
-            "deleting" => Some(Shown {
-                uid: "b".into(),
-                deleting: true,
-                mark: None,
-            }),
-            "replaced" => Some(Shown {
-                uid: "new".into(),
-                deleting: false,
-                mark: None,
-            }),
-            _ => None,
+        e.deleted("ns", &[gone_claim("data-web-2", "u2")], start);
+        let nothing = |_: GoneKind, _: &str, _: &str| None;
+        e.forget_seen(start + Duration::from_secs(1), nothing);
+        let mut resurrected = Slice {
+            claims: vec![claim("data-web-2", "u2")],
+            ..Slice::default()
         };
-        e.forget_seen(start, cache);
-        assert_eq!(
-            e.len(),
-            1,
-            "only the claim the cache still shows alive is expected"
+        e.mask("ns", &mut resurrected, Timestamp::now());
+        assert!(
+            resurrected.claims[0].metadata.deletion_timestamp.is_some(),
+            "a claim we deleted, shown alive again after the cache showed it gone"
         );
-        assert!(e.expects_gone(GoneKind::Claim, "ns", "still-cached", "a"));
-        e.forget_seen(start + EXPECTATION_TTL, cache);
+        e.forget_seen(start + EXPECTATION_TTL, nothing);
         assert!(e.is_empty(), "forgotten after the TTL");
+        assert!(e.gone.is_empty(), "no empty namespace left behind");
     }
 
     fn mark(claim: &str, uid: &str, attempt: Option<u32>) -> Mark {

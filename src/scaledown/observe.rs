@@ -108,6 +108,8 @@ pub struct SetFacts {
     pub records: BTreeMap<u32, Record>,
     pub finalizers: Vec<String>,
     pub deleting: bool,
+    /// Our deletion mark ([`naming::DELETION_ANNOTATION`]), raw.
+    pub deletion_mark: Option<String>,
     /// The template annotation, when present and not blank.
     pub template: Option<String>,
     pub claim_templates: Vec<String>,
@@ -549,6 +551,7 @@ pub fn set_facts(set: &StatefulSet) -> SetFacts {
         record_raw,
         finalizers: meta.finalizers.clone().unwrap_or_default(),
         deleting: meta.deletion_timestamp.is_some(),
+        deletion_mark: set.annotations().get(naming::DELETION_ANNOTATION).cloned(),
         template: set
             .annotations()
             .get(naming::TEMPLATE_ANNOTATION)

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::deletion::Propagation;
 use crate::reason::Reason;
 
 /// How long a gated cleanup pod nobody recorded yet holds its ordinal: longer than any live writer
@@ -50,6 +51,11 @@ pub enum Step {
         finalizers: Vec<String>,
         resource_version: String,
         adding: bool,
+    },
+    /// Leave our mark on a set being deleted: how it is being deleted, proven now, for the passes
+    /// after the finalizer or pods that prove it are gone (UID-guarded).
+    MarkDeletion {
+        propagation: Propagation,
     },
     /// Delete a stateful pod of a set deleted with background propagation.
     DeleteStatefulPod {
@@ -141,10 +147,13 @@ impl Plan {
 impl Step {
     /// Steps that destroy data or let a cleanup run: decided on a set being deleted, they need a
     /// live read of its pods (see [`super::propagation`]).
+    /// A background mark counts: it lets later passes clean every ordinal.
     pub fn destructive(&self) -> bool {
         matches!(
             self,
-            Step::DeleteStatefulPod { .. }
+            Step::MarkDeletion {
+                propagation: Propagation::Background
+            } | Step::DeleteStatefulPod { .. }
                 | Step::CreateCleanupPod { .. }
                 | Step::Release { .. }
                 | Step::DeleteClaim { .. }

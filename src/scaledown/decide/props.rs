@@ -29,7 +29,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use super::tests::{claim, stateful, summary, t0, web};
 use super::*;
 use crate::scaledown::observe::{
-    CleanupFacts, Observed, Phase, PodFacts, PodRole, Record, SetRead,
+    CleanupFacts, Observed, Phase, PodFacts, PodRole, Record, SetFacts, SetRead,
 };
 
 const DEFAULT_CASES: u32 = 100_000;
@@ -150,6 +150,22 @@ fn random_claims(o: &mut Observed, ordinal: u32, tape: &mut Tape<'_>) {
     }
 }
 
+/// The evidence of how a set is being deleted: the API server's finalizer, and our mark (for this
+/// set, or copied from another one).
+fn random_deletion(s: &mut SetFacts, tape: &mut Tape<'_>) {
+    match tape.pick(3) {
+        1 => s.finalizers.push(naming::ORPHAN_FINALIZER.into()),
+        2 => s.finalizers.push(naming::FOREGROUND_FINALIZER.into()),
+        _ => {}
+    }
+    s.deletion_mark = match tape.pick(4) {
+        1 => Some(mark_value(Propagation::Background, &s.uid)),
+        2 => Some(mark_value(Propagation::Foreground, &s.uid)),
+        3 => Some(mark_value(Propagation::Background, "uid-old")),
+        _ => None,
+    };
+}
+
 fn random_state(tape: &mut Tape<'_>) -> (Observed, Policy) {
     let mut o = web(tape.pick(5));
     let s = &mut o.set;
@@ -162,6 +178,9 @@ fn random_state(tape: &mut Tape<'_>) -> (Observed, Policy) {
     }
     if tape.one_in(5) {
         s.finalizers.clear();
+    }
+    if s.deleting {
+        random_deletion(s, tape);
     }
     if tape.one_in(3) {
         s.claim_templates.push("logs".into());
@@ -288,6 +307,15 @@ fn check_step(o: &Observed, policy: &Policy, step: &Step) -> Result<(), TestCase
                 "creates for wanted ordinal {}",
                 ordinal
             );
+            prop_assert!(
+                !o.set.deleting
+                    || matches!(
+                        propagation(o),
+                        Some(Propagation::Foreground | Propagation::Background)
+                    ),
+                "cleans a set deleted as {:?}",
+                propagation(o)
+            );
             let holder = o.ordinals.get(ordinal).and_then(|f| f.pod.as_ref());
             prop_assert!(holder.is_none(), "creates over a pod: {:?}", holder);
             let gates = pod["spec"]["schedulingGates"].to_string();
@@ -314,6 +342,16 @@ fn check_step(o: &Observed, policy: &Policy, step: &Step) -> Result<(), TestCase
             Ok(())
         }
         Step::MarkNextAttempt { .. } | Step::Event(_) => Ok(()),
+        Step::MarkDeletion {
+            propagation: marked,
+        } => {
+            prop_assert!(
+                *marked == Propagation::Foreground || o.read == SetRead::LiveAll,
+                "background deletion marked from the cache"
+            );
+            prop_assert_eq!(propagation(o), Some(*marked));
+            Ok(())
+        }
     }
 }
 
@@ -397,6 +435,9 @@ fn carry_out(o: &mut Observed, plan: &Plan) {
                 }
             }
             Step::SetFinalizers { finalizers, .. } => o.set.finalizers = finalizers.clone(),
+            Step::MarkDeletion { propagation } => {
+                o.set.deletion_mark = Some(mark_value(*propagation, &o.set.uid));
+            }
             Step::Event(_) => {}
         }
     }

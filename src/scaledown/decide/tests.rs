@@ -148,6 +148,7 @@ pub(super) fn summary(plan: &Plan) -> Vec<String> {
                 finalizers,
                 ..
             } => format!("finalizer- {finalizers:?}"),
+            Step::MarkDeletion { propagation } => format!("mark-deletion {propagation:?}"),
             Step::DeleteStatefulPod { name, .. } => format!("delete-stateful {name}"),
             Step::CreateCleanupPod {
                 ordinal, attempt, ..
@@ -639,7 +640,14 @@ fn deletion_table() {
         o.set.finalizers = finalizers.iter().map(|f| f.to_string()).collect();
         o
     };
+    let marked = |o: Observed, p: Propagation| {
+        let mut o = o;
+        o.set.deletion_mark = Some(mark_value(p, &o.set.uid));
+        o
+    };
     let ours = naming::FINALIZER;
+    let mut copied_mark = deleting(with_claims(web(3), 0..3, 0..0), &[ours]);
+    copied_mark.set.deletion_mark = Some(mark_value(Propagation::Background, "uid-old"));
     let mut fg_pods_going = deleting(
         with_claims(web(3), 0..3, 0..3),
         &["foregroundDeletion", ours],
@@ -651,7 +659,10 @@ fn deletion_table() {
     }
     let mut bg_parallel = deleting(with_claims(web(3), 0..3, 0..3), &[ours]);
     bg_parallel.set.parallel = true;
-    let mut bg_one_going = deleting(with_claims(web(3), 0..3, 0..3), &[ours]);
+    let mut bg_one_going = marked(
+        deleting(with_claims(web(3), 0..3, 0..3), &[ours]),
+        Propagation::Background,
+    );
     if let Some(p) = bg_one_going.ordinals.entry(2).or_default().pod.as_mut() {
         p.deleting = true;
     }
@@ -663,7 +674,10 @@ fn deletion_table() {
     }
     let mut orphan_running = deleting(with_claims(web(3), 0..3, 0..2), &["orphan", ours]);
     set_pod(&mut orphan_running, 2, cleanup(2, Phase::Running, 1));
-    let mut cleanup_running = deleting(with_claims(web(3), 0..3, 0..0), &[ours]);
+    let mut cleanup_running = marked(
+        deleting(with_claims(web(3), 0..3, 0..0), &[ours]),
+        Propagation::Background,
+    );
     cleanup_running.ordinals.remove(&0);
     cleanup_running.ordinals.remove(&1);
     set_pod(&mut cleanup_running, 2, cleanup(2, Phase::Running, 1));
@@ -681,9 +695,9 @@ fn deletion_table() {
 
     let cases: Vec<(&str, Observed, Vec<&str>)> = vec![
         (
-            "foreground: wait for the GC to delete the pods",
+            "foreground: wait for the GC to delete the pods (and mark it)",
             fg_pods_going,
-            vec![],
+            vec!["mark-deletion Foreground"],
         ),
         (
             "foreground: pods gone, clean highest first",
@@ -691,18 +705,45 @@ fn deletion_table() {
                 with_claims(web(3), 0..3, 0..0),
                 &["foregroundDeletion", ours],
             ),
+            vec!["mark-deletion Foreground", "create web-2#1"],
+        ),
+        (
+            "background: marked first, then we delete the highest pod",
+            deleting(with_claims(web(3), 0..3, 0..3), &[ours]),
+            vec!["mark-deletion Background", "delete-stateful web-2"],
+        ),
+        ("background: one pod at a time", bg_one_going, vec![]),
+        (
+            "foreground, GC done: the mark tells",
+            marked(
+                deleting(with_claims(web(3), 0..3, 0..0), &[ours]),
+                Propagation::Foreground,
+            ),
             vec!["create web-2#1"],
         ),
         (
-            "background: we delete the highest pod",
-            deleting(with_claims(web(3), 0..3, 0..3), &[ours]),
-            vec!["delete-stateful web-2"],
+            "background, pods gone: the mark tells",
+            marked(
+                deleting(with_claims(web(3), 0..3, 0..0), &[ours]),
+                Propagation::Background,
+            ),
+            vec!["create web-2#1"],
         ),
-        ("background: one pod at a time", bg_one_going, vec![]),
+        (
+            "no pods, no finalizer, no mark: claims kept as after an orphan deletion",
+            deleting(with_claims(web(3), 0..3, 0..0), &[ours]),
+            vec!["warn DeletionUnproven", "finalizer- []"],
+        ),
+        (
+            "a mark copied from another set proves nothing",
+            copied_mark,
+            vec!["warn DeletionUnproven", "finalizer- []"],
+        ),
         (
             "background, Parallel: all pods",
             bg_parallel,
             vec![
+                "mark-deletion Background",
                 "delete-stateful web-2",
                 "delete-stateful web-1",
                 "delete-stateful web-0",
@@ -731,7 +772,11 @@ fn deletion_table() {
         (
             "claims left hold the finalizer",
             deleting(with_claims(web(3), 0..3, 0..1), &[ours]),
-            vec!["create web-2#1", "delete-stateful web-0"],
+            vec![
+                "mark-deletion Background",
+                "create web-2#1",
+                "delete-stateful web-0",
+            ],
         ),
         (
             "all cleaned: finalizer released",
@@ -812,6 +857,36 @@ fn cached_reads_ask_for_a_live_read_before_deleting_or_releasing() {
 
     let steady = decide(&cached(with_claims(web(3), 0..3, 0..3)), &policy);
     assert_eq!((steady.steps.len(), steady.confirm), (0, None));
+
+    // A deletion nothing proves: a cache that misses our mark must not warn or release.
+    let mut unproven = with_claims(web(3), 0..3, 0..0);
+    unproven.set.deleting = true;
+    let p = decide(&cached(unproven), &policy);
+    assert_eq!(
+        (summary(&p), p.confirm),
+        (vec![], Some(Confirm::SetAndNamespace))
+    );
+
+    // Foreground is marked from any read (the finalizer cannot come back); background only from
+    // a live one (a lagging pod cache still shows pods the GC has orphaned).
+    let mut foreground = with_claims(web(3), 0..3, 0..3);
+    foreground.set.deleting = true;
+    foreground
+        .set
+        .finalizers
+        .push(naming::FOREGROUND_FINALIZER.into());
+    let p = decide(&cached(foreground), &policy);
+    assert_eq!(
+        (summary(&p), p.confirm),
+        (vec!["mark-deletion Foreground".to_string()], None)
+    );
+    let mut background = with_claims(web(3), 0..3, 0..3);
+    background.set.deleting = true;
+    let p = decide(&cached(background), &policy);
+    assert_eq!(
+        (summary(&p), p.confirm),
+        (vec![], Some(Confirm::SetAndNamespace))
+    );
 }
 
 #[test]
