@@ -41,8 +41,6 @@ pub mod reason;
 pub mod releaser;
 pub mod report;
 pub mod resuming;
-// Documented in the next step (its internals are being restructured, issue 24 item 1).
-#[allow(missing_docs)]
 pub mod scaledown;
 pub mod settings;
 pub mod shutdown;
