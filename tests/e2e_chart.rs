@@ -944,21 +944,8 @@ async fn chart_namespace_scope_installs_and_its_rbac_suffices() {
             full,
         ],
     );
-    kubectl_ok(&token, &["get", "pods", "-n", &a.name]).await;
-    for resource in ["pods", "statefulsets", "pvc"] {
-        expect_forbidden(&token, &["get", resource, "-n", &b.name]).await;
-        expect_forbidden(&token, &["get", resource, "--all-namespaces"]).await;
-    }
-    let class = a.create_static_pvs("pv", 5, Reclaim::Retain).await.class;
-    tokio::select! {
-        _ = async {
-            tokio::join!(
-                scale_down_and_delete(&a, &class, &identity),
-                failed_cleanup_is_retried(&a, &class, &identity),
-            )
-        } => {}
-        _ = fail_on_refusal(&controller) => {}
-    }
+    assert_scoped_to(&token, &a.name, &b.name).await;
+    rbac_scenarios(&a, &identity, &controller).await;
     controller.assert_alive();
     assert!(forbidden_lines(&controller).is_empty());
     assert_lease_held_named(&cluster, &a.name, full, &identity).await;

@@ -21,7 +21,7 @@ use kube::config::Kubeconfig;
 use serde_json::{Value, json};
 use support::deploy::*;
 use support::fixtures::Controller;
-use support::{Cluster, Reclaim, repo_dir};
+use support::{Cluster, repo_dir};
 
 const BINARY: &str = "/statefulset-scaledown-controller";
 
@@ -554,17 +554,8 @@ async fn image_runs_on_the_control_plane() {
         )
     };
 
-    let class = ns.create_static_pvs("pv", 5, Reclaim::Retain).await.class;
     let mut controller = controller;
-    tokio::select! {
-        _ = async {
-            tokio::join!(
-                scale_down_and_delete(&ns, &class, &identity),
-                failed_cleanup_is_retried(&ns, &class, &identity),
-            )
-        } => {}
-        _ = fail_on_refusal(&controller) => {}
-    }
+    rbac_scenarios(&ns, &identity, &controller).await;
     controller.assert_alive();
     assert_lease_held(&cluster, &ns.name, &identity).await;
 

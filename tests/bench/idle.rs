@@ -89,18 +89,15 @@ pub async fn run(p: &Params, seed: u64, controller_args: &[String]) -> Value {
     })
 }
 
-/// Creates the namespaces, the background pods and the sets (with their PVs).
-async fn populate(
+/// Creates `n` background pods ([`background_pod`]), spread over `namespaces`.
+pub async fn create_background_pods(
     cluster: &Cluster,
-    p: &Params,
+    namespaces: &[TestNamespace],
+    n: usize,
     rng: &mut Rng,
-) -> (Vec<TestNamespace>, Vec<TestNamespace>) {
-    let mut bg = Vec::new();
-    for i in 0..p.pod_namespaces {
-        bg.push(cluster.namespace(&format!("bench-bg-{i}")).await);
-    }
-    let pods: Vec<Pod> = (0..p.pods)
-        .map(|i| background_pod(i, &bg[i % bg.len().max(1)].name, rng))
+) {
+    let pods: Vec<Pod> = (0..n)
+        .map(|i| background_pod(i, &namespaces[i % namespaces.len().max(1)].name, rng))
         .collect();
     let client = cluster.client.clone();
     world::create_all(
@@ -113,6 +110,19 @@ async fn populate(
         pods,
     )
     .await;
+}
+
+/// Creates the namespaces, the background pods and the sets (with their PVs).
+async fn populate(
+    cluster: &Cluster,
+    p: &Params,
+    rng: &mut Rng,
+) -> (Vec<TestNamespace>, Vec<TestNamespace>) {
+    let mut bg = Vec::new();
+    for i in 0..p.pod_namespaces {
+        bg.push(cluster.namespace(&format!("bench-bg-{i}")).await);
+    }
+    create_background_pods(cluster, &bg, p.pods, rng).await;
     let mut sets = Vec::new();
     let per_ns = p.sets.div_ceil(p.set_namespaces.max(1));
     for i in 0..p.set_namespaces {

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::fixtures::Controller;
-use super::{Cluster, TestNamespace, from_json, repo_dir, wait_for, wait_for_gone};
+use super::{Cluster, Reclaim, TestNamespace, from_json, repo_dir, wait_for, wait_for_gone};
 
 pub const INSTALL_NS: &str = "statefulset-scaledown-controller";
 pub const SERVICE_ACCOUNT: &str = "statefulset-scaledown-controller";
@@ -439,6 +439,33 @@ pub async fn wait_events(ns: &TestNamespace, set: &str, identity: &str, reasons:
         },
     )
     .await;
+}
+
+/// The two scenarios that prove an install's RBAC is enough, at once, on 5 static PVs of `ns`:
+/// [`scale_down_and_delete`] and [`failed_cleanup_is_retried`] by `controller` (running as
+/// `identity`); fails as soon as the controller logs a refusal.
+pub async fn rbac_scenarios(ns: &TestNamespace, identity: &str, controller: &Controller) {
+    let class = ns.create_static_pvs("pv", 5, Reclaim::Retain).await.class;
+    tokio::select! {
+        _ = async {
+            tokio::join!(
+                scale_down_and_delete(ns, &class, identity),
+                failed_cleanup_is_retried(ns, &class, identity),
+            )
+        } => {}
+        _ = fail_on_refusal(controller) => {}
+    }
+}
+
+/// The namespace-scoped token `kubeconfig` works in `home` (so a refusal below is RBAC, not a bad
+/// token) and nowhere else: pods, StatefulSets and claims of `other` and of every namespace are
+/// forbidden.
+pub async fn assert_scoped_to(kubeconfig: &Path, home: &str, other: &str) {
+    kubectl_ok(kubeconfig, &["get", "pods", "-n", home]).await;
+    for resource in ["pods", "statefulsets", "pvc"] {
+        expect_forbidden(kubeconfig, &["get", resource, "-n", other]).await;
+        expect_forbidden(kubeconfig, &["get", resource, "--all-namespaces"]).await;
+    }
 }
 
 /// StatefulSet `web` 3 -> 2 in `ns`: the finalizer lands, cleanup pod web-2 runs, claim data-web-2

@@ -814,6 +814,20 @@ pub async fn service_account_kubeconfig(
     path
 }
 
+/// A binding named `name` of the admission policy of that name: what the policy refuses is denied,
+/// in namespace `namespace` only.
+pub fn deny_in_namespace(
+    name: &str,
+    namespace: &str,
+) -> k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding {
+    from_json(json!({
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels":
+                {"kubernetes.io/metadata.name": namespace}}}}
+    }))
+}
+
 /// Who holds Lease `name` (its `holderIdentity`), if anyone does; `None` also when it cannot be
 /// read.
 pub async fn lease_holder(leases: &Api<Lease>, name: &str) -> Option<String> {
