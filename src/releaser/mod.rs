@@ -45,7 +45,7 @@ pub fn context(
 ) -> Arc<Context> {
     let (reporter, runner) =
         pass::from_args(crate::naming::Controller::Releaser, args, client, metrics);
-    let writer = act::Actor::new(
+    let actor = act::Actor::new(
         client.clone(),
         reporter,
         metrics.clone(),
@@ -57,7 +57,7 @@ pub fn context(
         scrub_pods,
         scrub_ns,
         pool.id.clone(),
-        writer,
+        actor,
         leadership.clone(),
         runner,
     ))
