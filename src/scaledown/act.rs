@@ -211,8 +211,9 @@ impl Actor {
                 // server itself, so a scale-up saved since that read wins over the release.
                 let sent = std::time::Instant::now();
                 if self.guard(set).await? {
-                    self.release(ns, name, uid).await?;
-                    self.metrics.release_window(sent.elapsed().as_secs_f64());
+                    if self.release(ns, name, uid).await? {
+                        self.metrics.release_window(sent.elapsed().as_secs_f64());
+                    }
                     Ok(())
                 } else {
                     done.stale = true;
@@ -514,8 +515,7 @@ impl Actor {
         let sent = std::time::Instant::now();
         self.record(live, records, status).await?;
         for pod in runs {
-            if release {
-                self.release(ns, &pod.name, &pod.uid).await?;
+            if release && self.release(ns, &pod.name, &pod.uid).await? {
                 self.metrics.release_window(sent.elapsed().as_secs_f64());
             }
             self.metrics.cleanup_started();
@@ -601,7 +601,8 @@ impl Actor {
     }
 
     /// Removes our scheduling gate from a recorded cleanup pod (UID-guarded), so it may run.
-    async fn release(&self, ns: &str, name: &str, uid: &str) -> Result<()> {
+    /// `Ok(false)`: the pod was gone or replaced, nothing was released.
+    async fn release(&self, ns: &str, name: &str, uid: &str) -> Result<bool> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let patch = json!({
             "metadata": {"uid": uid},
@@ -612,10 +613,10 @@ impl Actor {
             ..Default::default()
         };
         match pods.patch(name, &params, &Patch::Strategic(&patch)).await {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(true),
             Err(e) if is_status(&e, &[code::NOT_FOUND, code::CONFLICT]) => {
                 debug!(pod = %name, "cleanup pod gone or replaced before its release");
-                Ok(())
+                Ok(false)
             }
             Err(e) => Err(Error::kube("release cleanup pod", name)(e)),
         }

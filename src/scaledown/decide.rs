@@ -533,9 +533,9 @@ fn create_cleanup_pods(
         .filter(|n| !refused_too_recently(view, *n, plan))
         .collect();
     if eligible.len() > room {
-        // Held back by `--max-concurrent-cleanups`: look again soon, as no event of this set
-        // says when another set's cleanup ends.
-        plan.requeue(CAP_RECHECK);
+        // Held back by `--max-concurrent-cleanups`: woken when a cleanup pod frees room, as no
+        // event of this set says when another set's cleanup ends.
+        plan.waits_for_room = true;
     }
     for ordinal in eligible.into_iter().take(room) {
         if let Some(facts) = o.ordinals.get(&ordinal) {
@@ -761,17 +761,22 @@ impl CleanupStep<'_> {
 
     /// Recorded but still gated: the process stopped between the record and the release. Let it
     /// run if a live read still confirms the ordinal, else delete it (it never ran).
+    /// A recorded pod still gated. No poll while it waits: the resume of a paused set and the
+    /// StatefulSet controller's status catching up are changes of the set, whose watch brings
+    /// the next pass; only then is the set read live, once, to release or cancel.
     fn release(&self, plan: &mut Plan) {
-        plan.confirm(Confirm::Set);
         match confirm_created(&self.view.o.set, self.ordinal) {
-            // Paused: it holds its name and waits, gated, for the resume (which wakes the set).
             Verdict::Run if self.view.hold == Some(Hold::Paused) => {}
-            Verdict::Run if !may_release(&self.view.o.set) => plan.requeue(RELEASE_RECHECK),
-            Verdict::Run => plan.steps.push(Step::Release {
-                name: self.pod.name.clone(),
-                uid: self.pod.uid.clone(),
-            }),
+            Verdict::Run if !may_release(&self.view.o.set) => {}
+            Verdict::Run => {
+                plan.confirm(Confirm::Set);
+                plan.steps.push(Step::Release {
+                    name: self.pod.name.clone(),
+                    uid: self.pod.uid.clone(),
+                });
+            }
             Verdict::Cancel(why) => {
+                plan.confirm(Confirm::Set);
                 plan.event(
                     Reason::CleanupCancelled,
                     self.pod.uid.clone(),
@@ -978,9 +983,7 @@ pub mod plan;
 pub mod status;
 pub use created::{Admission, admit, confirm_created, runs, verdicts};
 pub use deletion::{Propagation, mark_value, propagation};
-pub use plan::{
-    CAP_RECHECK, Confirm, Event, Plan, PodDeletion, RECORD_GRACE, RELEASE_RECHECK, Step, Verdict,
-};
+pub use plan::{Confirm, Event, Plan, PodDeletion, RECORD_GRACE, Step, Verdict};
 
 #[cfg(test)]
 mod props;

@@ -73,11 +73,14 @@ impl Gone {
 /// How long a delete is expected to reach the caches at the most.
 pub const EXPECTATION_TTL: Duration = Duration::from_secs(300);
 
+/// The deletes of one namespace: (kind, name) -> (UID, when).
+type GoneIn = HashMap<(GoneKind, String), (String, Instant)>;
+
 /// Deletes and marks of ours the caches have not shown yet.
 #[derive(Debug, Default)]
 pub struct Expectations {
-    /// namespace -> (kind, name) -> (UID, when).
-    gone: HashMap<String, HashMap<(GoneKind, String), (String, Instant)>>,
+    /// namespace -> its deletes.
+    gone: HashMap<String, GoneIn>,
     /// (namespace, claim) -> the mark we wrote.
     marks: HashMap<(String, String), Marked>,
 }

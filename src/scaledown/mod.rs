@@ -12,6 +12,7 @@ pub mod expect;
 pub mod gauges;
 pub mod observe;
 pub mod reconcile;
+pub mod room;
 pub mod watch;
 
 use std::sync::Arc;
@@ -73,6 +74,7 @@ pub fn controller(
         cleanup_pods,
     } = watches;
     let cached_sets = stores.sets.clone();
+    let waking = ctx.clone();
     let passes = Controller::for_shared_stream(caches.set_changes(), stores.sets)
         .with_config(controller::Config::default().concurrency(concurrency))
         // The watches never yield errors; should one ever reach the Controller, retry soon.
@@ -81,7 +83,12 @@ pub fn controller(
             watch::sets_of_claim(claim.as_ref(), &cached_sets)
         })
         .watches_shared_stream(caches.pod_changes(), |pod| watch::set_of_pod(pod.as_ref()))
-        .watches_stream(cleanup_pods, |pod| watch::set_of_pod(&pod));
+        // A cleanup pod's change may free room under the cap: it also wakes sets waiting for it.
+        .watches_stream(cleanup_pods, move |pod| {
+            let mut sets: Vec<_> = watch::set_of_pod(&pod).into_iter().collect();
+            sets.extend(waking.wake_for_room());
+            sets
+        });
     // A new leader looks at every set at once instead of waiting for the resync.
     pass::run_controller(
         passes,

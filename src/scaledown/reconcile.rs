@@ -28,6 +28,7 @@ use crate::scaledown::expect::{self, Expectations, GoneKind};
 use crate::scaledown::observe::{
     self, Observed, Phase, PodFacts, PodRole, Rejection, SetFacts, SetRead, Sources,
 };
+use crate::scaledown::room;
 use crate::scaledown::watch::{Slice, Stores};
 
 /// How long a cleanup pod we created counts as in flight (and is not created again) before the
@@ -78,6 +79,8 @@ pub struct Context {
     memory: Mutex<HashMap<ObjectRef<StatefulSet>, Memory>>,
     /// Claims and pods this process deleted that the caches may still show.
     expectations: Mutex<Expectations>,
+    /// Sets whose creates wait for room under `--max-concurrent-cleanups`.
+    waiting_for_room: Mutex<room::Waiting>,
     /// Times, backs off and reports every pass.
     pub runner: Runner<StatefulSet>,
 }
@@ -138,6 +141,7 @@ impl Context {
             recreates: Mutex::new(HashMap::new()),
             memory: Mutex::new(HashMap::new()),
             expectations: Mutex::new(Expectations::default()),
+            waiting_for_room: Mutex::new(room::Waiting::default()),
             runner,
         }
     }
@@ -193,10 +197,15 @@ impl Context {
                 self.actor.status_event(&observed.set, change).await;
             }
         }
+        let room = plan
+            .waits_for_room
+            .then(|| self.wait_for_room(set))
+            .flatten();
         let after = plan
             .requeue_after
             .into_iter()
             .chain(stale)
+            .chain(room)
             .min()
             .map_or(self.resync, |d| d.min(self.resync))
             .max(Duration::from_millis(500));
@@ -349,6 +358,45 @@ impl Context {
         let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
         self.forget_cached(&mut created);
         self.cached_in_flight() + created.len()
+    }
+
+    /// Queues `set` until a cleanup pod's change frees room under the cap. The room is counted
+    /// again under the queue's lock (the cleanup pod cache is updated before its change wakes
+    /// anyone), so a pod that ended while this pass ran makes the set look again at once
+    /// instead of waiting for the next resync.
+    fn wait_for_room(&self, set: &StatefulSet) -> Option<Duration> {
+        let mut waiting = self
+            .waiting_for_room
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if self.room() > 0 {
+            return Some(Duration::ZERO);
+        }
+        waiting.add(ObjectRef::from_obj(set));
+        None
+    }
+
+    /// The sets to wake after a change of a cleanup pod: as many of the waiting ones as there is
+    /// room for now (none without a cap).
+    pub fn wake_for_room(&self) -> Vec<ObjectRef<StatefulSet>> {
+        if self.policy.max_in_flight.is_none() {
+            return Vec::new();
+        }
+        let mut waiting = self
+            .waiting_for_room
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if waiting.is_empty() {
+            return Vec::new();
+        }
+        waiting.take(self.room())
+    }
+
+    /// Free places under `--max-concurrent-cleanups` (0 without a cap: nobody waits then).
+    fn room(&self) -> usize {
+        self.policy
+            .max_in_flight
+            .map_or(0, |cap| cap.saturating_sub(self.cleanups_in_flight()))
     }
 
     fn cached_in_flight(&self) -> usize {

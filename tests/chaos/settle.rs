@@ -275,8 +275,16 @@ impl World {
     }
 
     /// A failed cleanup pod stays on an ordinal that is wanted again: a user deletes it so the
-    /// set can bring the ordinal back (docs/usage.md, "Scale-up during a cleanup").
+    /// set can bring the ordinal back (docs/usage.md, "Scale-up during a cleanup"). Not while
+    /// the set is being deleted: then no ordinal is wanted, and deleting the pod would only start
+    /// a new series of cleanups that fail again.
     async fn release_failed_wanted(&self, snap: &Snapshot) {
+        let deleting: HashSet<(String, String)> = snap
+            .sets
+            .iter()
+            .filter(|s| s.metadata.deletion_timestamp.is_some())
+            .map(|s| (s.namespace().unwrap_or_default(), s.name_any()))
+            .collect();
         for pod in snap
             .pods
             .iter()
@@ -286,6 +294,7 @@ impl World {
             if let Some((set, ordinal)) = self.owner_of(&ns, &pod.name_any(), false)
                 && (ordinal as i32) < self.replicas[set]
                 && pod.metadata.deletion_timestamp.is_none()
+                && !deleting.contains(&(ns.clone(), self.sets[set].name.to_string()))
             {
                 self.delete_pod(set, &pod.name_any(), pod.uid().as_deref())
                     .await;

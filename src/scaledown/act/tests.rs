@@ -508,10 +508,32 @@ fn release_step() -> Step {
     }
 }
 
+/// The release window's count after carrying out `steps` against `answer`.
+async fn windows_after<F>(steps: Vec<Step>, answer: F) -> (Result<()>, Done, Log, String)
+where
+    F: Fn(&Sent) -> Answer + Send + Sync + 'static,
+{
+    let (client, log) = mock_api::serve(answer);
+    let (actor, metrics) = actor(client, Leadership::always());
+    let mut done = Done::default();
+    let plan = Plan {
+        steps,
+        ..Plan::default()
+    };
+    let result = actor.execute(&web(None), &plan, &mut done).await;
+    let count = metrics
+        .encode()
+        .lines()
+        .find(|l| l.starts_with("scaledown_release_window_seconds_count"))
+        .unwrap_or_default()
+        .to_string();
+    (result, done, log, count)
+}
+
 #[tokio::test]
-async fn a_release_of_a_pod_gone_or_replaced_is_done() {
+async fn a_release_of_a_pod_gone_or_replaced_is_done_and_measures_no_window() {
     for (code, reason) in [(404, "NotFound"), (409, "Conflict")] {
-        let (result, done, log) = run(vec![release_step()], move |sent| {
+        let (result, done, log, windows) = windows_after(vec![release_step()], move |sent| {
             if sent.path == SET_PATH {
                 (200, json!({}))
             } else {
@@ -523,7 +545,10 @@ async fn a_release_of_a_pod_gone_or_replaced_is_done() {
         assert!(!done.stale, "{code}");
         let sent = log.writes_and_reads();
         assert_eq!(sent[1].body["metadata"]["uid"], "uid-new");
+        assert!(windows.ends_with(" 0"), "{code}: {windows}");
     }
+    let (_, _, _, windows) = windows_after(vec![release_step()], |_| (200, json!({}))).await;
+    assert!(windows.ends_with(" 1"), "a release: {windows}");
 }
 
 /// The release is preceded by a patch of test ops only on the set (UID, generation, template,

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::plan::{CAP_RECHECK, Plan, Step, Verdict};
+use super::plan::{Plan, Step, Verdict};
 use crate::naming;
 use crate::scaledown::observe::{Created, Record, SetFacts};
 
@@ -42,8 +42,8 @@ pub struct Admission {
 
 /// The plan keeping only the creates that may be sent now, and their names (the caller enters
 /// them as in flight before it sends them, so concurrent passes share the cap). A create that must
-/// wait makes the set look again when the shortest wait is over; one held back by the cap, after
-/// [`CAP_RECHECK`]. Every other step is kept.
+/// wait makes the set look again when the shortest wait is over; one held back by the cap marks
+/// the plan as waiting for room ([`Plan::waits_for_room`]). Every other step is kept.
 pub fn admit(set: &SetFacts, mut plan: Plan, admission: &Admission) -> (Plan, Vec<String>) {
     let mut free = admission
         .cap
@@ -67,7 +67,7 @@ pub fn admit(set: &SetFacts, mut plan: Plan, admission: &Admission) -> (Plan, Ve
         true
     });
     if held_back {
-        plan.requeue(CAP_RECHECK);
+        plan.waits_for_room = true;
     }
     if let Some(wait) = shortest {
         plan.requeue(wait + WAKE_SLACK);
@@ -166,22 +166,24 @@ mod tests {
             Option<usize>,
             BTreeMap<String, Duration>,
             Vec<u32>,
-            Option<Duration>,
+            (Option<Duration>, bool),
         );
-        // (in flight, cap, waits) -> (admitted ordinals, requeue)
+        const ROOM: (Option<Duration>, bool) = (None, true);
+        const NONE: (Option<Duration>, bool) = (None, false);
+        // (in flight, cap, waits) -> (admitted ordinals, (requeue, waits for room))
         let cases: Vec<Case> = vec![
-            (0, None, waits(&[]), vec![3, 2, 1], None),
-            (100, None, waits(&[]), vec![3, 2, 1], None),
-            (0, Some(2), waits(&[]), vec![3, 2], Some(CAP_RECHECK)),
-            (1, Some(2), waits(&[]), vec![3], Some(CAP_RECHECK)),
-            (2, Some(2), waits(&[]), vec![], Some(CAP_RECHECK)),
-            (5, Some(2), waits(&[]), vec![], Some(CAP_RECHECK)),
+            (0, None, waits(&[]), vec![3, 2, 1], NONE),
+            (100, None, waits(&[]), vec![3, 2, 1], NONE),
+            (0, Some(2), waits(&[]), vec![3, 2], ROOM),
+            (1, Some(2), waits(&[]), vec![3], ROOM),
+            (2, Some(2), waits(&[]), vec![], ROOM),
+            (5, Some(2), waits(&[]), vec![], ROOM),
             (
                 0,
                 None,
                 waits(&[("web-3", 4), ("web-1", 8)]),
                 vec![2],
-                Some(secs(4) + WAKE_SLACK),
+                (Some(secs(4) + WAKE_SLACK), false),
             ),
             // A waiting name takes no place under the cap: the next one gets it.
             (
@@ -189,9 +191,9 @@ mod tests {
                 Some(1),
                 waits(&[("web-3", 30)]),
                 vec![2],
-                Some(CAP_RECHECK),
+                (Some(secs(30) + WAKE_SLACK), true),
             ),
-            (0, Some(5), waits(&[("web-9", 1)]), vec![3, 2, 1], None),
+            (0, Some(5), waits(&[("web-9", 1)]), vec![3, 2, 1], NONE),
         ];
         for (in_flight, cap, waits, admitted, requeue) in cases {
             let admission = Admission {
@@ -204,7 +206,11 @@ mod tests {
             assert_eq!(ordinals(&out), admitted, "{admission:?}");
             let expected: Vec<String> = admitted.iter().map(|n| format!("web-{n}")).collect();
             assert_eq!(names, expected, "{admission:?}");
-            assert_eq!(out.requeue_after, requeue, "{admission:?}");
+            assert_eq!(
+                (out.requeue_after, out.waits_for_room),
+                requeue,
+                "{admission:?}"
+            );
         }
     }
 

@@ -14,12 +14,6 @@ use crate::reason::Reason;
 /// takes between its create and its record (a few requests), so a second writer never deletes the
 /// first one's pod under it. Older, it is a crashed or failing writer's leftover and is deleted.
 pub const RECORD_GRACE: Duration = Duration::from_secs(30);
-/// How soon a recorded cleanup pod looks again when the StatefulSet controller has not yet seen
-/// the ordinal's old pod go (its status changes wake the set up sooner).
-pub const RELEASE_RECHECK: Duration = Duration::from_secs(2);
-
-/// How soon a set whose cleanups wait for room under `--max-concurrent-cleanups` looks again.
-pub const CAP_RECHECK: Duration = Duration::from_secs(2);
 
 /// What to write, in order. `act` carries the steps out one by one and stops at the first error.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -28,6 +22,9 @@ pub struct Plan {
     pub steps: Vec<Step>,
     /// Look again after this long even if nothing changes (a retry backoff is running).
     pub requeue_after: Option<Duration>,
+    /// A create is held back by `--max-concurrent-cleanups`: look again when a cleanup pod
+    /// anywhere frees room (no event of this set says when).
+    pub waits_for_room: bool,
     /// Decided from the cache, and a step needs a live read: read, decide again, and carry out that
     /// plan instead (this one then has no steps).
     pub confirm: Option<Confirm>,

@@ -624,12 +624,9 @@ fn concurrency_cap_counts_cleanups_everywhere() {
     o.cleanups_in_flight = 2;
     let held = decide(&o, &capped);
     assert_eq!(summary(&held), Vec::<String>::new());
-    // Held back: looked at again soon, as no event of this set tells when room frees up.
-    assert_eq!(
-        held.requeue_after,
-        Some(crate::scaledown::decide::CAP_RECHECK)
-    );
-    assert_eq!(decide(&o, &Policy::default()).requeue_after, None);
+    // Held back: woken when room frees up (no event of this set tells when), not polled.
+    assert_eq!((held.requeue_after, held.waits_for_room), (None, true));
+    assert!(!decide(&o, &Policy::default()).waits_for_room);
 }
 
 #[test]
@@ -967,10 +964,20 @@ fn recorded_pods_wait_for_the_statefulset_controller_before_they_run() {
             Vec::<String>::new(),
             "{replicas} {generation}"
         );
-        assert_eq!(waiting.requeue_after, Some(RELEASE_RECHECK));
+        // No poll: the set's status change brings the next pass, and no live read until then.
+        assert_eq!((waiting.requeue_after, waiting.confirm), (None, None));
     }
     assert_eq!(plan(&gated(2, 3)), ["release web-2"]);
     assert_eq!(plan(&gated(1, 4)), ["release web-2"]);
+    // From the cache: waiting costs no request; caught up, one live read of the set.
+    let cached = |mut o: Observed| {
+        o.read = SetRead::Cached;
+        decide(&o, &Policy::default())
+    };
+    let waiting = cached(gated(3, 3));
+    assert_eq!((waiting.steps.len(), waiting.confirm), (0, None));
+    let ready = cached(gated(2, 3));
+    assert_eq!((ready.steps.len(), ready.confirm), (0, Some(Confirm::Set)));
     let mut deleting = gated(3, 2);
     deleting.set.deleting = true;
     assert!(

@@ -428,8 +428,10 @@ fn other_cleanup_running() -> Pod {
     )
 }
 
+/// Held back by the cap, a set is not polled: it waits (until the resync at the latest) and is
+/// woken by a cleanup pod's change once there is room.
 #[tokio::test]
-async fn the_cap_holds_creations_back_and_looks_again_soon() {
+async fn the_cap_holds_creations_back_until_a_cleanup_pod_frees_room() {
     let set: StatefulSet = object(web(1, false));
     let pods = || vec![stateful_pod(), other_cleanup_running()];
     let (mut ctx, log) = context(&set, pods(), server(Some(web(1, false))));
@@ -440,7 +442,15 @@ async fn the_cap_holds_creations_back_and_looks_again_soon() {
         "no create over the cap: {:?}",
         log.lines()
     );
-    assert_eq!(action, Action::requeue(decide::CAP_RECHECK));
+    assert_eq!(action, Action::requeue(ctx.resync), "no poll");
+    assert_eq!(ctx.wake_for_room(), Vec::new(), "still no room");
+    ctx.stores.cleanup_pods.remove(&other_cleanup_running());
+    assert_eq!(
+        ctx.wake_for_room(),
+        vec![ObjectRef::from_obj(&set)],
+        "the other set's cleanup pod is gone: room for this one"
+    );
+    assert_eq!(ctx.wake_for_room(), Vec::new(), "woken once");
 
     let (mut ctx, log) = context(&set, pods(), server(Some(web(1, false))));
     ctx.policy.max_in_flight = Some(2);
