@@ -13,27 +13,16 @@
 # finish within DEMO_TIMEOUT seconds (default 180).
 set -euo pipefail
 
-ci=${DEMO_CI:-0}
-case "${1:-}" in
---ci) ci=1 ;;
-"") ;;
-*) echo "usage: $0 [--ci]" >&2; exit 2 ;;
-esac
-limit=${DEMO_TIMEOUT:-180}
 keys=${DEMO_KEYS:-3000}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 ns=demo-redis
-state=target/cluster
-kubectl=("$state/bin/kubectl" --kubeconfig "$state/kubeconfig")
-k() { "${kubectl[@]}" -n "$ns" "$@"; }
-if [[ -t 1 ]]; then step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }; else step() { printf '\n== %s\n' "$*"; }; fi
+demo_set=redis
+pv_prefix=demo-redis-pv
 controller_log=target/demo/redis-controller.log
-fail() {
-  echo "demo: $*; controller log: $controller_log" >&2
-  tail -n 30 "$controller_log" >&2 || true
-  exit 1
-}
+# shellcheck source=SCRIPTDIR/demo-lib.sh
+source hack/demo-lib.sh
+demo_args "$@"
 client() { k exec -i redis-0 -c redis -- sh /scripts/client.sh "$@"; }
 counts() { # counts N: the client's key count per shard, as a table
   echo "\$ kubectl exec -n $ns redis-0 -- sh /scripts/client.sh count $1"
@@ -47,40 +36,14 @@ hack/real-node.sh status >/dev/null 2>&1 || fail "no real node (hack/real-node.s
 step "building the controller"
 cargo build --locked --bin statefulset-scaledown-controller
 mkdir -p target/demo
-if "${kubectl[@]}" get namespace "$ns" >/dev/null 2>&1; then
-  step "removing the previous demo"
-  k patch statefulset redis --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
-  "${kubectl[@]}" delete namespace "$ns" --wait=true --timeout=120s
-fi
-old_pvs=$("${kubectl[@]}" get pv -o name | grep '^persistentvolume/demo-redis-pv-' || true)
-# shellcheck disable=SC2086 # one name per word
-[[ -z "$old_pvs" ]] || "${kubectl[@]}" delete $old_pvs --wait=false >/dev/null
+demo_remove_previous
 
 step "creating three hostPath PersistentVolumes on the real node (StorageClass real-hostpath)"
-pvs=$(hack/create-pvs.sh 3 --prefix demo-redis-pv --class real-hostpath --node real-0)
+pvs=$(hack/create-pvs.sh 3 --prefix "$pv_prefix" --class real-hostpath --node real-0)
 echo "$pvs"
 
-step "starting the controller (log: $controller_log)"
-target/debug/statefulset-scaledown-controller --kubeconfig "$state/kubeconfig" </dev/null >"$controller_log" 2>&1 &
-controller=$!
-follower=
-teardown() {
-  kill "$controller" 2>/dev/null || true
-  [[ -z "$follower" ]] || kill "$follower" 2>/dev/null || true
-  if [[ $ci == 1 ]]; then
-    k patch statefulset redis --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
-    "${kubectl[@]}" delete namespace "$ns" --wait=false --ignore-not-found >/dev/null 2>&1 || true
-    # shellcheck disable=SC2086 # one name per word
-    "${kubectl[@]}" delete pv $pvs --wait=false --ignore-not-found >/dev/null 2>&1 || true
-  fi
-}
-trap teardown EXIT
-
-"${kubectl[@]}" create namespace "$ns" >/dev/null
-until k get serviceaccount default >/dev/null 2>&1; do sleep 0.5; done
-started=$SECONDS
-deadline=$((SECONDS + limit))
-left() { echo $((deadline > SECONDS ? deadline - SECONDS : 1)); }
+demo_start_controller
+demo_namespace
 
 step "applying example/redis (kubectl apply -k), placed on the real node"
 # The example unchanged, plus the real node's toleration and nodeSelector in the shards' pod

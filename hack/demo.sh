@@ -29,31 +29,17 @@
 # SuccessfulCreate Events) and exactly the claims of datastore-0 and datastore-1 are left.
 set -euo pipefail
 
-ci=${DEMO_CI:-0}
-case "${1:-}" in
---ci) ci=1 ;;
-"") ;;
-*)
-  echo "usage: $0 [--ci]" >&2
-  exit 2
-  ;;
-esac
-limit=${DEMO_TIMEOUT:-180}
-[[ "$limit" =~ ^[0-9]+$ ]] || { echo "DEMO_TIMEOUT must be a number of seconds" >&2; exit 2; }
-
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 # shellcheck source=SCRIPTDIR/progress.sh
 source hack/progress.sh
 ns=demo
-state=target/cluster
-kubectl=("$state/bin/kubectl" --kubeconfig "$state/kubeconfig")
-k() { "${kubectl[@]}" -n "$ns" "$@"; }
-if [[ -t 1 ]]; then
-  step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-else
-  step() { printf '\n== %s\n' "$*"; }
-fi
+demo_set=datastore
+pv_prefix=demo-pv
+controller_log=target/demo/controller.log
+# shellcheck source=SCRIPTDIR/demo-lib.sh
+source hack/demo-lib.sh
+demo_args "$@"
 state_now() {
   k get pods,pvc -o wide 2>/dev/null | awk '{print $1, $2, $3, $4, $5}' | column -t
 }
@@ -69,12 +55,6 @@ show() {
   echo "\$ kubectl get pods,pvc -n $ns"
   echo "$now"
 }
-controller_log=target/demo/controller.log
-fail() {
-  echo "demo: $*; controller log: $controller_log" >&2
-  tail -n 30 "$controller_log" >&2 || true
-  exit 1
-}
 
 step "starting the local control plane (the first run builds it from Go modules, about 5 min)"
 SCALEDOWN_HELM=0 hack/cluster.sh up
@@ -85,51 +65,24 @@ progress_run "controller (debug build)" 150 target/build-logs/demo-build.log \
   cargo build --locked --bin statefulset-scaledown-controller
 mkdir -p target/demo
 
-if "${kubectl[@]}" get namespace "$ns" >/dev/null 2>&1; then
-  step "removing the previous demo"
-  k patch statefulset datastore --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
-  "${kubectl[@]}" delete namespace "$ns" --wait=true --timeout=120s
-fi
-old_pvs=$("${kubectl[@]}" get pv -o name | grep '^persistentvolume/demo-pv-' || true)
-[[ -z "$old_pvs" ]] || "${kubectl[@]}" delete $old_pvs --wait=false >/dev/null
+demo_remove_previous
 
 real_node=real-0
 if hack/real-node.sh status >/dev/null 2>&1 &&
   "${kubectl[@]}" get node "$real_node" -o jsonpath='{.metadata.labels.scaledown\.test/node}' 2>/dev/null | grep -qx real; then
   real=1
   step "creating three hostPath PersistentVolumes on the real node $real_node (StorageClass real-hostpath)"
-  pvs=$(hack/create-pvs.sh 3 --prefix demo-pv --class real-hostpath --node "$real_node")
+  pvs=$(hack/create-pvs.sh 3 --prefix "$pv_prefix" --class real-hostpath --node "$real_node")
 else
   real=0
   step "no real node (hack/real-node.sh status: down): the pods run on KWOK's fake nodes"
   step "creating three PersistentVolumes in the default StorageClass"
-  pvs=$(hack/create-pvs.sh 3 --prefix demo-pv)
+  pvs=$(hack/create-pvs.sh 3 --prefix "$pv_prefix")
 fi
 echo "$pvs"
 
-step "starting the controller (log: $controller_log)"
-target/debug/statefulset-scaledown-controller --kubeconfig "$state/kubeconfig" </dev/null >"$controller_log" 2>&1 &
-controller=$!
-logs_follower=
-teardown() {
-  kill "$controller" 2>/dev/null || true
-  [[ -z "$logs_follower" ]] || kill "$logs_follower" 2>/dev/null || true
-  if [[ $ci == 1 ]]; then
-    # The cluster may be shared: leave nothing behind (the controller is gone, so no finalizer
-    # would be removed for us).
-    k patch statefulset datastore --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
-    "${kubectl[@]}" delete namespace "$ns" --wait=false --ignore-not-found >/dev/null 2>&1 || true
-    # shellcheck disable=SC2086 # one name per word
-    [[ -z "$pvs" ]] || "${kubectl[@]}" delete pv $pvs --wait=false --ignore-not-found >/dev/null 2>&1 || true
-  fi
-}
-trap teardown EXIT
-
-"${kubectl[@]}" create namespace "$ns" >/dev/null
-until "${kubectl[@]}" -n "$ns" get serviceaccount default >/dev/null 2>&1; do sleep 0.5; done
-started=$SECONDS
-deadline=$((SECONDS + limit))
-left() { echo $((deadline > SECONDS ? deadline - SECONDS : 1)); }
+demo_start_controller
+demo_namespace
 if ((real)); then
   step "applying example/statefulset.yaml, placed on the real node $real_node"
   # The example unchanged, plus what the real node needs: the toleration of its taint and a
@@ -182,10 +135,10 @@ while ((SECONDS < deadline)); do
   fi
   # On the real node: follow the cleanup pod's own log from the moment its container runs (the
   # controller deletes the pod soon after it succeeded).
-  if ((real)) && [[ -n "$owner" && -z "$logs_follower" ]] &&
+  if ((real)) && [[ -n "$owner" && -z "$follower" ]] &&
     k get pod datastore-2 -o jsonpath='{.status.containerStatuses[0].state}' 2>/dev/null | grep -qE 'running|terminated'; then
     k logs -f datastore-2 -c main >"$cleanup_log" 2>&1 </dev/null &
-    logs_follower=$!
+    follower=$!
   fi
   succeeded=$(k get events --field-selector involvedObject.name=datastore,reason=CleanupSuccess -o name 2>/dev/null || true)
   if [[ -n "$succeeded" ]] && ! k get pod datastore-2 >/dev/null 2>&1 && ! k get pvc data-datastore-2 >/dev/null 2>&1; then
@@ -200,8 +153,8 @@ while ((SECONDS < deadline)); do
     [[ "$claims" == "persistentvolumeclaim/data-datastore-0 persistentvolumeclaim/data-datastore-1 " ]] ||
       fail "claims left: $claims"
     if ((real)); then
-      if [[ -n "$logs_follower" ]]; then
-        for _ in $(seq 50); do kill -0 "$logs_follower" 2>/dev/null || break; sleep 0.1; done
+      if [[ -n "$follower" ]]; then
+        for _ in $(seq 50); do kill -0 "$follower" 2>/dev/null || break; sleep 0.1; done
       fi
       step "the cleanup pod's own log (kubectl logs -n $ns datastore-2, while it ran on $real_node)"
       cat "$cleanup_log"

@@ -19,6 +19,7 @@ packages=(redis-tools redis-server libjemalloc2 liblzf1)
 cache=${SCALEDOWN_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/statefulset-scaledown-e2e}
 debs="$cache/debs"
 log() { printf '[redis-image] %s\n' "$*" >&2; }
+here=$(dirname "${BASH_SOURCE[0]}")
 bb=/bin/busybox
 file -b "$bb" 2>/dev/null | grep -q 'statically linked' ||
   { log "$bb is not Debian's busybox-static (apt-get install busybox-static)"; exit 1; }
@@ -42,7 +43,7 @@ fetch() {
 
 # The tar is cached, keyed by this script, the packages' candidate versions and the installed
 # packages (whose libraries go in): 1 s (apt-cache policy) instead of about 6 s when nothing changed.
-key=$({ cat "${BASH_SOURCE[0]}"; apt-cache policy "${packages[@]}" | grep -E '^[^ ]|Candidate:'
+key=$({ cat "${BASH_SOURCE[0]}" "$here/oci-lib.sh"; apt-cache policy "${packages[@]}" | grep -E '^[^ ]|Candidate:'
   dpkg-query -W; } | sha256sum | cut -c1-16)
 cached="$cache/images/redis-$key.tar"
 if [[ -s "$cached" ]]; then
@@ -52,6 +53,8 @@ fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# shellcheck source=SCRIPTDIR/oci-lib.sh
+source "$here/oci-lib.sh"
 x="$work/extracted"
 rootfs="$work/rootfs"
 mkdir -p "$x" "$rootfs"/{bin,etc,tmp,proc,sys,dev,root,data,usr/bin}
@@ -60,10 +63,7 @@ for p in "${packages[@]}"; do
   dpkg-deb -x "$(fetch "$p")" "$x"
 done
 
-cp "$bb" "$rootfs/bin/busybox"
-for applet in $("$bb" --list); do
-  [[ "$applet" == busybox ]] || ln -s busybox "$rootfs/bin/$applet"
-done
+oci_busybox "$rootfs"
 for b in redis-check-rdb redis-check-aof redis-cli; do cp "$x/usr/bin/$b" "$rootfs/usr/bin/$b"; done
 ln -s redis-check-rdb "$rootfs/usr/bin/redis-server" # as the redis-server package does
 # Every library the binaries load, at the path the loader finds it (the downloaded ones first).
@@ -85,41 +85,11 @@ printf 'hosts: files dns\n' >"$rootfs/etc/nsswitch.conf"
 "$rootfs/lib64/ld-linux-x86-64.so.2" --library-path "$rootfs/usr/lib/x86_64-linux-gnu" "$rootfs/usr/bin/redis-cli" --version >/dev/null ||
   { log "redis-cli does not run with the libraries collected"; exit 1; }
 
-blobs="$work/layout/blobs/sha256"
-mkdir -p "$blobs"
-put_blob() { # put_blob FILE: moves FILE into the blob store, prints its digest (hex) and size
-  local d s
-  d=$(sha256sum "$1" | cut -d' ' -f1)
-  s=$(stat -c %s "$1")
-  mv "$1" "$blobs/$d"
-  echo "$d $s"
-}
 find "$rootfs" -exec touch -h -d @0 {} +
-tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$rootfs" -cf "$work/layer.tar" .
-read -r ld ls < <(put_blob "$work/layer.tar")
+oci_layer "$rootfs"
 version=$(dpkg-deb -f "$(fetch redis-tools)" Version)
-jq -cn --arg diff "sha256:$ld" --arg v "$version" '{
-    architecture: "amd64", os: "linux", created: "1970-01-01T00:00:00Z",
-    config: {Env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], WorkingDir: "/data",
-             Cmd: ["redis-server"], ExposedPorts: {"6379/tcp": {}}},
-    rootfs: {type: "layers", diff_ids: [$diff]},
-    history: [{created: "1970-01-01T00:00:00Z", created_by: ("hack/redis-image.sh (Debian redis-tools " + $v + ", busybox-static)")}]
-  }' >"$work/config.json"
-read -r cd cs < <(put_blob "$work/config.json")
-jq -cn --arg cd "sha256:$cd" --argjson cs "$cs" --arg ld "sha256:$ld" --argjson ls "$ls" '{
-    schemaVersion: 2, mediaType: "application/vnd.oci.image.manifest.v1+json",
-    config: {mediaType: "application/vnd.oci.image.config.v1+json", digest: $cd, size: $cs},
-    layers: [{mediaType: "application/vnd.oci.image.layer.v1.tar", digest: $ld, size: $ls}]
-  }' >"$work/manifest.json"
-read -r md ms < <(put_blob "$work/manifest.json")
-jq -n --arg md "sha256:$md" --argjson ms "$ms" --arg name "$name" '{schemaVersion: 2,
-    mediaType: "application/vnd.oci.image.index.v1+json", manifests: [{
-      mediaType: "application/vnd.oci.image.manifest.v1+json", digest: $md, size: $ms,
-      platform: {architecture: "amd64", os: "linux"},
-      annotations: {"io.containerd.image.name": $name, "org.opencontainers.image.ref.name": ($name | sub(".*:"; ""))}}]}' \
-  >"$work/layout/index.json"
-echo '{"imageLayoutVersion":"1.0.0"}' >"$work/layout/oci-layout"
-tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$work/layout" -cf "$out.tmp" .
+oci_image "$name" '{"WorkingDir": "/data", "Cmd": ["redis-server"], "ExposedPorts": {"6379/tcp": {}}}' \
+  "hack/redis-image.sh (Debian redis-tools $version, busybox-static)" | oci_layout "$out.tmp"
 mkdir -p "$cache/images"
 rm -f "$cache"/images/redis-*.tar
 cp "$out.tmp" "$cached"

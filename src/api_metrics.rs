@@ -20,10 +20,14 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio::time::Instant;
 
+/// The labels of `scaledown_api_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
+    /// The request's verb (`get`, `list`, `watch`, `create`, `patch`, `delete`, ...).
     pub verb: &'static str,
+    /// The resource, plural (`pods`, `persistentvolumeclaims`, ...).
     pub resource: String,
+    /// The HTTP status code of the answer, or `error` when none came.
     pub code: String,
 }
 
@@ -62,6 +66,7 @@ impl<S> tower::Layer<S> for CountRequests {
     }
 }
 
+/// The client's service wrapped by the counting layer: it counts each request once answered.
 #[derive(Clone, Debug)]
 pub struct Counted<S> {
     inner: S,

@@ -236,7 +236,7 @@ fn with_releaser(wired: &Wiring, id: &str, built: &mut Controllers) -> BoxFuture
         .pv_scrub_namespace
         .clone()
         .or_else(|| args.own_namespace());
-    let watches = releaser::Watches::new(wired.client, scrub_ns.as_deref());
+    let watches = releaser::watch::Watches::new(wired.client, scrub_ns.as_deref());
     let pool = watches.pool(id);
     let scrub = (watches.scrub_pods.clone(), scrub_ns);
     let ctx = releaser::context(

@@ -21,8 +21,9 @@ pub const VERSION: &str = concat!(
     ")"
 );
 
+/// The controller's flags (see docs/reference.md, generated from them).
 #[derive(Clone, Debug, Parser)]
-#[command(name = "statefulset-scaledown-controller", version = VERSION, about)]
+#[command(name = "statefulset-scaledown-controller", version = VERSION, about, long_about = None)]
 pub struct Args {
     /// Path to a kubeconfig; without it, in-cluster config or $KUBECONFIG is used.
     #[arg(long, env = "KUBECONFIG")]
@@ -161,8 +162,10 @@ pub struct Args {
     /// Accepted for compatibility with the Go original's glog flags; ignored.
     #[arg(long = "alsologtostderr", hide = true)]
     pub also_log_to_stderr: bool,
+    /// Accepted for compatibility with the Go original's glog flags; ignored.
     #[arg(long = "logtostderr", hide = true)]
     pub log_to_stderr: bool,
+    /// Accepted for compatibility with the Go original's glog `-v`; ignored (see `--log-level`).
     #[arg(long = "v", hide = true)]
     pub glog_verbosity: Option<u8>,
 }
@@ -233,6 +236,7 @@ impl Args {
             })
     }
 
+    /// The scale-down rules' settings from the flags (attempts, backoff, inheritance, in-flight cap).
     pub fn policy(&self) -> Policy {
         Policy {
             max_attempts: self.cleanup_attempts,

@@ -7,8 +7,11 @@ pub enum Error {
     /// An API call failed; `action` says which (e.g. "delete claim").
     #[error("{action} {name}: {source}")]
     Kube {
+        /// What was being done (e.g. "delete claim").
         action: &'static str,
+        /// The object it was done to.
         name: String,
+        /// kube's error.
         #[source]
         source: kube::Error,
     },
@@ -18,26 +21,37 @@ pub enum Error {
     /// Building a request body failed (a bug, not bad input).
     #[error("could not encode {what}: {source}")]
     Encode {
+        /// What was being encoded.
         what: &'static str,
+        /// serde's error.
         #[source]
         source: serde_json::Error,
     },
     /// Building a request failed (a bug, not bad input).
     #[error("could not build {what}: {source}")]
     Request {
+        /// What was being built.
         what: &'static str,
+        /// kube's error.
         #[source]
         source: kube::core::request::Error,
     },
     /// The record of a new cleanup pod on the StatefulSet was refused (its test ops failed: the set
     /// changed after the read) every time it was tried; `answer` is the API server's last answer.
     #[error("statefulset {set} kept changing while a cleanup pod was recorded ({answer})")]
-    Contended { set: String, answer: String },
+    Contended {
+        /// The StatefulSet.
+        set: String,
+        /// The API server's last answer.
+        answer: String,
+    },
     /// The record of a new cleanup pod on the StatefulSet failed otherwise (refused by admission
     /// or RBAC, the API server unreachable): the pod is not known to be recorded.
     #[error("record cleanup pod on statefulset {set}: {source}")]
     Unrecorded {
+        /// The StatefulSet.
         set: String,
+        /// kube's error.
         #[source]
         source: kube::Error,
     },
@@ -50,7 +64,9 @@ pub enum Error {
     /// The leader election Lease could not be read, created or kept.
     #[error("leader election Lease {lease}: {source}")]
     Election {
+        /// The Lease, `namespace/name`.
         lease: String,
+        /// kube's error.
         #[source]
         source: kube::Error,
     },
@@ -60,14 +76,18 @@ pub enum Error {
     /// A task of the process panicked or was cancelled.
     #[error("{task}: {source}")]
     Joined {
+        /// The task's name.
         task: &'static str,
+        /// Why it ended.
         #[source]
         source: tokio::task::JoinError,
     },
     /// A server of the process (metrics, probes) failed while serving.
     #[error("{what} server: {source}")]
     Serve {
+        /// Which server (`metrics`, `probes`).
         what: &'static str,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
@@ -76,6 +96,7 @@ pub enum Error {
     Config(String),
 }
 
+/// A result whose error is [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A write the fence (`crate::fence`) did not send, because this process may not write now (not
@@ -84,21 +105,33 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[error("{method} {path} not sent: this process is not the leader, or its renew deadline passed")]
 pub struct Fenced {
+    /// The request's HTTP method.
     pub method: String,
+    /// The request's path.
     pub path: String,
 }
 
 /// HTTP status codes the controller gives a meaning to.
 pub mod code {
+    /// 400: the request is malformed or refused as such.
     pub const BAD_REQUEST: u16 = 400;
+    /// 401: no valid credentials.
     pub const UNAUTHORIZED: u16 = 401;
+    /// 403: RBAC or admission said no.
     pub const FORBIDDEN: u16 = 403;
+    /// 404: the object is not there.
     pub const NOT_FOUND: u16 = 404;
+    /// 409: a conflict (exists already, or a precondition failed).
     pub const CONFLICT: u16 = 409;
+    /// 410: the watch's resourceVersion is too old.
     pub const GONE: u16 = 410;
+    /// 413: the request is too large.
     pub const TOO_LARGE: u16 = 413;
+    /// 422: invalid, or a JSON patch test op failed.
     pub const INVALID: u16 = 422;
+    /// 429: throttled (API priority and fairness).
     pub const THROTTLED: u16 = 429;
+    /// 500: the API server failed (also etcd's "request too large").
     pub const INTERNAL: u16 = 500;
 
     /// Whether a create answered `status` means "this object, as it is, is refused": sending it
@@ -115,20 +148,35 @@ pub mod code {
 /// What kind of failure an error is: a bounded set, safe as a metric label value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Category {
+    /// 401 from the API server.
     Unauthorized,
+    /// 403 from the API server.
     Forbidden,
+    /// 404 from the API server.
     NotFound,
+    /// 409 from the API server.
     Conflict,
+    /// 422 from the API server.
     Invalid,
+    /// 429 from the API server.
     Throttled,
+    /// 5xx from the API server.
     ServerError,
+    /// Any other status from the API server.
     ApiError,
+    /// No answer: the API server could not be reached, or the connection broke.
     Transport,
+    /// A cache has not synced yet.
     CacheNotReady,
+    /// A record lost every race (see [`Error::Contended`]).
     Contended,
+    /// A bug: a request could not be built or encoded.
     Internal,
+    /// A write not sent: this process is not the leader (see [`Fenced`]).
     NotLeader,
+    /// A task of the process stopped, panicked or was cancelled.
     Task,
+    /// The configuration (flags, kubeconfig) was refused.
     Config,
 }
 
@@ -152,6 +200,7 @@ impl Category {
         Category::Config,
     ];
 
+    /// The metric label value and log field of this category.
     pub const fn as_str(self) -> &'static str {
         match self {
             Category::Unauthorized => "unauthorized",
@@ -208,6 +257,7 @@ impl Error {
         }
     }
 
+    /// The category of this error, by its type (and the status code of an API answer).
     pub fn category(&self) -> Category {
         match self {
             Error::Kube { source, .. } | Error::Unrecorded { source, .. } => {

@@ -47,6 +47,7 @@ pub fn is_write(method: &Method) -> bool {
 /// The tower layer that fences writes.
 #[derive(Clone)]
 pub struct Fence {
+    /// Whether this process may write now.
     pub leadership: Arc<Leadership>,
 }
 

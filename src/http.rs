@@ -106,6 +106,7 @@ pub struct Probe {
     pub ready: Arc<AtomicBool>,
     /// See [`Liveness`].
     pub live: Arc<Liveness>,
+    /// The metrics `/metrics` encodes first.
     pub metrics: Arc<Metrics>,
     /// Collectors of gauges computed at scrape time from the caches of the controllers that run
     /// (each controller's folder has its own), encoded after the families of `metrics`.
@@ -226,12 +227,14 @@ pub async fn start(
     Ok(servers)
 }
 
+/// The router of `/metrics`.
 pub fn metrics_router(probe: Probe) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .with_state(probe)
 }
 
+/// The router of `/healthz` and `/readyz`.
 pub fn probes_router(probe: Probe) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
@@ -239,6 +242,7 @@ pub fn probes_router(probe: Probe) -> Router {
         .with_state(probe)
 }
 
+/// Serves `app` on `listener` (`what` names the server in errors) until `shutdown` resolves.
 pub async fn serve(
     (what, listener): (&'static str, TcpListener),
     app: Router,

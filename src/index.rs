@@ -17,6 +17,7 @@ use tokio::sync::watch;
 
 /// Extra keys an object is found by within its namespace (besides its name).
 pub trait Keys {
+    /// The keys of this object (default: none).
     fn keys(&self) -> Vec<String> {
         Vec::new()
     }
@@ -171,6 +172,7 @@ impl<K: Resource + Keys> Index<K> {
         self.read().objects.values().map(|names| names.len()).sum()
     }
 
+    /// Whether the index holds no object.
     pub fn is_empty(&self) -> bool {
         self.read().objects.is_empty()
     }
@@ -179,6 +181,7 @@ impl<K: Resource + Keys> Index<K> {
         self.inner.read().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The object `name` of namespace `ns`, if the index holds it.
     pub fn get(&self, ns: &str, name: &str) -> Option<Arc<K>> {
         self.read().objects.get(ns)?.get(name).cloned()
     }

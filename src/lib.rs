@@ -19,6 +19,8 @@
 //! (`error`), compatibility strings (`naming`), JSON patches (`apijson`), pod templates
 //! (`template`) and `kubectl scaledown` (`plugin`).
 
+#![warn(missing_docs)]
+
 pub mod api_metrics;
 pub mod apijson;
 pub mod app;

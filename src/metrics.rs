@@ -21,12 +21,16 @@ fn pass_buckets() -> Histogram {
 /// The controller a pass belongs to (`naming::Controller`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
+    /// The controller's label value.
     pub controller: &'static str,
 }
 
+/// The labels of a failed pass: the controller and the error's category.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
+    /// The controller's label value.
     pub controller: &'static str,
+    /// The error's category ([`crate::error::Category`]).
     pub category: &'static str,
 }
 
@@ -34,11 +38,14 @@ pub struct ErrorLabels {
 /// Warning) follows from the reason.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventLabels {
+    /// The Event reason.
     pub reason: &'static str,
 }
 
+/// The outcome of a scrub: `succeeded` or `failed`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
+    /// `succeeded` or `failed`.
     pub outcome: &'static str,
 }
 
@@ -46,7 +53,9 @@ pub struct OutcomeLabels {
 /// `SCALEDOWN_GIT_COMMIT` from the build tooling, else git, else "unknown").
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
+    /// The crate version.
     pub version: &'static str,
+    /// The commit built.
     pub commit: &'static str,
 }
 
@@ -58,7 +67,9 @@ impl BuildLabels {
     };
 }
 
+/// The process's Prometheus metrics: the registry `/metrics` encodes and the handles that count.
 pub struct Metrics {
+    /// The registry of every family below.
     pub registry: Registry,
     build_info: Family<BuildLabels, Gauge>,
     pv_released: Counter,
@@ -237,15 +248,19 @@ impl Metrics {
     pub fn release_window(&self, seconds: f64) {
         self.release_window.observe(seconds);
     }
+    /// A cleanup pod was created.
     pub fn cleanup_started(&self) {
         self.cleanups_started.inc();
     }
+    /// A cleanup pod succeeded.
     pub fn cleanup_succeeded(&self) {
         self.cleanups_succeeded.inc();
     }
+    /// A cleanup pod failed.
     pub fn cleanup_failed(&self) {
         self.cleanups_failed.inc();
     }
+    /// An ordinal's cleanup was given up (every attempt failed).
     pub fn cleanup_given_up(&self) {
         self.cleanups_given_up.inc();
     }
@@ -263,21 +278,26 @@ impl Metrics {
             _ => {}
         }
     }
+    /// A PV was released.
     pub fn pv_released(&self) {
         self.pv_released.inc();
     }
+    /// A scrub ended, successfully or not.
     pub fn pv_scrubbed(&self, succeeded: bool) {
         let outcome = if succeeded { "succeeded" } else { "failed" };
         self.pv_scrubs
             .get_or_create(&OutcomeLabels { outcome })
             .inc();
     }
+    /// An orphaned claim was deleted.
     pub fn claim_deleted(&self) {
         self.claims_deleted.inc();
     }
+    /// A cleanup took `seconds`, from its pod's create to its claims' deletion.
     pub fn cleanup_took(&self, seconds: f64) {
         self.cleanup_duration.observe(seconds);
     }
+    /// This process leads (or no longer does).
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
     }
@@ -329,7 +349,7 @@ mod tests {
             let orphans = [("ns".to_string(), 1)].into();
             let statuses = [(crate::scaledown::decide::status::Status::Idle, 1)].into();
             crate::scaledown::gauges::encode(&mut encoder, 1, &orphans, &statuses)?;
-            crate::releaser::encode_pool(
+            crate::releaser::gauges::encode_pool(
                 &mut encoder,
                 &[(("pool".into(), "Available".into()), 2)].into(),
             )

@@ -52,17 +52,28 @@ pub const DELETION_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-dele
 
 /// Finalizers the API server puts on an object deleted with foreground or orphan propagation.
 pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
+/// The finalizer of an orphan-propagation deletion.
 pub const ORPHAN_FINALIZER: &str = "orphan";
 
 /// Environment variables every cleanup container receives.
 pub const ENV_STATEFULSET: &str = "SCALEDOWN_STATEFULSET";
+/// The StatefulSet's namespace.
 pub const ENV_NAMESPACE: &str = "SCALEDOWN_NAMESPACE";
+/// The ordinal cleaned up.
 pub const ENV_ORDINAL: &str = "SCALEDOWN_ORDINAL";
+/// The StatefulSet's replicas when the cleanup pod was created.
 pub const ENV_REPLICAS: &str = "SCALEDOWN_REPLICAS";
 
 /// Name of the pod (stateful or cleanup) of `set` at `ordinal`.
 pub fn pod_name(set: &str, ordinal: u32) -> String {
     format!("{set}-{ordinal}")
+}
+
+/// Name of the scrub pod and of the temporary claim of PV `pv` (the releaser's).
+pub fn scrub_name(pv: &str) -> String {
+    let mut name = format!("scrub-{pv}");
+    name.truncate(253);
+    name
 }
 
 /// Name of the claim of claim template `template` of `set` at `ordinal`.
@@ -119,18 +130,23 @@ pub const CONTROLLER_NAME: &str = "statefulset-scaledown-controller";
 /// The controllers of this process: the value of the `controller` label and log field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Controller {
+    /// The scale-down controller (`scaledown`).
     Scaledown,
+    /// The PV pool releaser (`pv-releaser`).
     Releaser,
+    /// Claims bound to a pod's life (`pod-bound`).
     PodBound,
 }
 
 impl Controller {
+    /// Every controller, in the order of the metrics' label values.
     pub const ALL: [Controller; 3] = [
         Controller::Scaledown,
         Controller::Releaser,
         Controller::PodBound,
     ];
 
+    /// The label value and log field.
     pub const fn as_str(self) -> &'static str {
         match self {
             Controller::Scaledown => "scaledown",

@@ -31,8 +31,11 @@ use crate::report::{Outcome, Reporter};
 /// and the changes an outage hid arrive when the watches resume).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Backoff {
+    /// The wait after the first failure.
     pub base: Duration,
+    /// The longest wait.
     pub max: Duration,
+    /// The longest wait when the API server could not be reached.
     pub transport_max: Duration,
 }
 
@@ -47,6 +50,7 @@ impl Default for Backoff {
 }
 
 impl Backoff {
+    /// The wait after `failures` failed passes in a row, the last of `category`.
     pub fn after(&self, failures: u32, category: Category) -> Duration {
         let cap = match category {
             Category::Transport => self.transport_max,
@@ -82,6 +86,7 @@ impl<K> Runner<K>
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
+    /// A runner of `controller`'s passes that reports through `reporter`.
     pub fn new(
         controller: Controller,
         backoff: Backoff,
@@ -326,4 +331,54 @@ where
         instance: Some(args.identity()),
     };
     parts(controller, client, identity, metrics, args.dry_run)
+}
+
+/// The tail every controller's Controller ends with: a new leader looks at every object at once
+/// (`became_leader`), no new work after `stop`, the passes run through `reconcile` and
+/// `error_policy`, and what the run stream yields is logged under the controller's label. One
+/// future that ends once the running passes have (after `stop`).
+pub fn run_controller<K, Ctx, Fut>(
+    controller: kube::runtime::Controller<K>,
+    label: Controller,
+    (reconcile, error_policy): (
+        impl FnMut(Arc<K>, Arc<Ctx>) -> Fut + Send + 'static,
+        impl Fn(Arc<K>, &Error, Arc<Ctx>) -> Action + Send + Sync + 'static,
+    ),
+    ctx: Arc<Ctx>,
+    became_leader: impl futures::Stream<Item = ()> + Send + 'static,
+    stop: &tokio_util::sync::CancellationToken,
+) -> impl Future<Output = ()> + Send + 'static
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    Ctx: Send + Sync + 'static,
+    Fut: Future<Output = Result<Action>> + Send + 'static,
+{
+    use futures::StreamExt;
+    use kube::runtime::controller::Error as RunError;
+    let controller_label = label.as_str();
+    controller
+        .reconcile_all_on(became_leader)
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(reconcile, error_policy, ctx)
+        .for_each(move |result| async move {
+            match result {
+                Ok((object, _)) => {
+                    let namespace = object.namespace.as_deref().unwrap_or("");
+                    debug!(controller = controller_label, namespace, name = %object.name, "reconciled");
+                }
+                // Already logged and counted by the runner and error_policy.
+                Err(RunError::ReconcilerFailed(..)) => {}
+                Err(RunError::ObjectNotFound(object)) => {
+                    let namespace = object.namespace.as_deref().unwrap_or("");
+                    debug!(controller = controller_label, namespace, name = %object.name, "gone before its pass");
+                }
+                Err(e) => warn!(controller = controller_label, error = %e, "watch or queue error"),
+            }
+        })
 }

@@ -16,11 +16,17 @@ const USER_HZ: f64 = 100.0;
 /// One reading of /proc/self.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sample {
+    /// User and system CPU time.
     pub cpu_seconds: f64,
+    /// When the process started, in seconds since the Unix epoch.
     pub start_time_seconds: f64,
+    /// Virtual memory size.
     pub virtual_memory_bytes: f64,
+    /// Resident set size.
     pub resident_memory_bytes: f64,
+    /// Open file descriptors.
     pub open_fds: f64,
+    /// The limit of open file descriptors, if there is one.
     pub max_fds: Option<f64>,
 }
 

@@ -33,11 +33,13 @@ const MAX_ACTION: usize = 128;
 /// One thing a pass did or found, about one object.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Outcome {
+    /// What happened.
     pub reason: Reason,
     /// The object the Event is on.
     pub regarding: ObjectReference,
     /// The object written, when it is not `regarding` (a cleanup pod, a claim).
     pub related: Option<ObjectReference>,
+    /// The Event's note, the log line's message.
     pub note: String,
     /// Tells occurrences apart; the Event's action.
     pub key: String,
@@ -55,11 +57,13 @@ impl Outcome {
         }
     }
 
+    /// This outcome with its own key (occurrences of one reason on one object told apart).
     pub fn key(mut self, key: String) -> Self {
         self.key = key;
         self
     }
 
+    /// This outcome with the object it wrote.
     pub fn related(mut self, related: ObjectReference) -> Self {
         self.related = Some(related);
         self
@@ -135,6 +139,7 @@ impl Recent {
 }
 
 impl Reporter {
+    /// A reporter for `controller`: Events through `client` under `identity`; under `dry_run` also the `DryRun` record.
     pub fn new(
         controller: Controller,
         client: Client,

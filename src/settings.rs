@@ -35,9 +35,13 @@ pub async fn client(args: &Args) -> Result<Client> {
 
 /// What `run` needs from the flags, checked before anything starts.
 pub struct Settings {
+    /// Only this namespace (`--namespace`); `None`: every namespace.
     pub namespace: Option<String>,
+    /// Where `/metrics` listens (`None`: off).
     pub metrics: Option<SocketAddr>,
+    /// Where the probes listen (`None`: off).
     pub probes: Option<SocketAddr>,
+    /// Leader election, when on.
     pub election: Option<leader::ElectionConfig>,
     /// The PV releaser's id, when it runs.
     pub pv_releaser: Option<String>,
@@ -48,6 +52,7 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// The settings of `args`, or why they are refused.
     pub fn from_args(args: &Args) -> Result<Settings> {
         Ok(Settings {
             namespace: args.scope()?,

@@ -64,6 +64,7 @@ pub fn stop_on(shutdown: impl Future<Output = ()> + Send + 'static) -> Cancellat
     stop
 }
 
+/// The result of a joined task: its own, or a [`Error::Joined`] when it panicked or was cancelled.
 pub fn joined(result: std::result::Result<Result<()>, tokio::task::JoinError>) -> Result<()> {
     result.unwrap_or_else(|source| {
         Err(Error::Joined {

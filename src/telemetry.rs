@@ -7,6 +7,7 @@ use tracing_subscriber::filter::{LevelFilter, ParseError};
 
 /// `--log-format`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[allow(missing_docs)] // clap would print a variant's doc comment in --help; the flag's says it
 pub enum LogFormat {
     Text,
     Json,
@@ -23,11 +24,18 @@ pub enum LogLevelError {
         "unknown log level {level:?} in {directive:?}: want trace, debug, info, warn, error or off, \
          alone or as TARGET=LEVEL (e.g. \"info,statefulset_scaledown_controller=debug\")"
     )]
-    UnknownLevel { directive: String, level: String },
+    UnknownLevel {
+        /// The directive it is in.
+        directive: String,
+        /// The word that is not a level.
+        level: String,
+    },
     /// Not in EnvFilter's syntax at all.
     #[error("log filter {spec:?} does not parse: {source}")]
     Syntax {
+        /// The filter as given.
         spec: String,
+        /// EnvFilter's error.
         #[source]
         source: ParseError,
     },

@@ -19,12 +19,12 @@ use serde_json::{Value, json};
 use support::deploy::*;
 use support::pool::{annotate_class, bind, delete_claim, wait_released};
 use support::recorder::Recorder;
-use support::{Cluster, Reclaim};
+use support::{Cluster, Reclaim, repo_dir};
 
 const CHART: &str = "charts/statefulset-scaledown-controller";
 
 fn chart() -> String {
-    repo().join(CHART).to_string_lossy().into_owned()
+    repo_dir().join(CHART).to_string_lossy().into_owned()
 }
 
 fn helm_binary() -> PathBuf {
@@ -138,7 +138,7 @@ fn camel_case(flag: &str) -> String {
 /// Metric names of the metrics table in docs/reference.md, with their types.
 fn documented_metrics() -> Vec<(String, String)> {
     let reference =
-        std::fs::read_to_string(repo().join("docs/reference.md")).expect("docs/reference.md");
+        std::fs::read_to_string(repo_dir().join("docs/reference.md")).expect("docs/reference.md");
     reference
         .lines()
         .filter(|l| l.starts_with("| `scaledown_") || l.starts_with("| `process_"))
@@ -216,7 +216,7 @@ fn chart_lints_in_both_scopes() {
 /// artifacts/*.yaml are exactly what hack/manifests.sh renders from the chart.
 #[test]
 fn manifests_are_rendered_from_the_chart() {
-    let out = std::process::Command::new(repo().join("hack/manifests.sh"))
+    let out = std::process::Command::new(repo_dir().join("hack/manifests.sh"))
         .arg("--check")
         .env("HELM", helm_binary())
         .output()
@@ -305,7 +305,7 @@ fn chart_image_and_versions_match_the_crate_and_the_makefile() {
     let image = support::makefile_image();
     let image = image.as_str();
     let chart: Value = serde_yaml_ng::from_str(
-        &std::fs::read_to_string(repo().join(CHART).join("Chart.yaml")).expect("Chart.yaml"),
+        &std::fs::read_to_string(repo_dir().join(CHART).join("Chart.yaml")).expect("Chart.yaml"),
     )
     .expect("Chart.yaml parses");
     let version = env!("CARGO_PKG_VERSION");
@@ -341,7 +341,7 @@ fn chart_image_and_versions_match_the_crate_and_the_makefile() {
 fn dashboard_and_alerts_use_only_exported_metrics() {
     let documented = documented_metrics();
     assert!(documented.len() > 15, "{documented:?}");
-    let path = repo()
+    let path = repo_dir()
         .join(CHART)
         .join("dashboards/statefulset-scaledown-controller.json");
     let dashboard: Value =
@@ -471,7 +471,7 @@ fn assert_runbooks(rule: &Value) {
         )
     );
     let operations =
-        std::fs::read_to_string(repo().join("docs/operations.md")).expect("docs/operations.md");
+        std::fs::read_to_string(repo_dir().join("docs/operations.md")).expect("docs/operations.md");
     let rules = rule["spec"]["groups"][0]["rules"]
         .as_array()
         .expect("rules");
@@ -499,14 +499,15 @@ fn assert_runbooks(rule: &Value) {
 
 fn chart_schema() -> Value {
     serde_json::from_str(
-        &std::fs::read_to_string(repo().join(CHART).join("values.schema.json")).expect("schema"),
+        &std::fs::read_to_string(repo_dir().join(CHART).join("values.schema.json"))
+            .expect("schema"),
     )
     .expect("values.schema.json parses")
 }
 
 fn chart_values() -> Value {
     serde_yaml_ng::from_str(
-        &std::fs::read_to_string(repo().join(CHART).join("values.yaml")).expect("values.yaml"),
+        &std::fs::read_to_string(repo_dir().join(CHART).join("values.yaml")).expect("values.yaml"),
     )
     .expect("values.yaml parses")
 }
@@ -590,7 +591,7 @@ fn values_schema_rejects_typos_and_wrong_types() {
         "replica=3",
     ]);
     assert!(err.contains("additional properties 'replica'"), "{err}");
-    let values_file = repo().join(CHART).join("values.yaml");
+    let values_file = repo_dir().join(CHART).join("values.yaml");
     template("schema", "ns", &json!({}));
     let kc = support::cluster_state_dir().join("kubeconfig");
     helm(
@@ -621,7 +622,7 @@ fn documented_sets() -> Vec<String> {
         "hack/manifests.sh",
     ];
     for file in files {
-        let text = std::fs::read_to_string(repo().join(file)).expect(file);
+        let text = std::fs::read_to_string(repo_dir().join(file)).expect(file);
         let mut words = text.split(|c: char| c.is_whitespace() || c == '`');
         while let Some(word) = words.next() {
             if word == "--set"
@@ -675,11 +676,11 @@ fn compare_keys(at: &str, values: &Value, schema: &Value, diff: &mut Vec<String>
 #[test]
 fn chart_has_artifact_hub_annotations() {
     let chart: Value = serde_yaml_ng::from_str(
-        &std::fs::read_to_string(repo().join(CHART).join("Chart.yaml")).expect("Chart.yaml"),
+        &std::fs::read_to_string(repo_dir().join(CHART).join("Chart.yaml")).expect("Chart.yaml"),
     )
     .expect("Chart.yaml parses");
     let annotations = &chart["annotations"];
-    let cargo = std::fs::read_to_string(repo().join("Cargo.toml")).expect("Cargo.toml");
+    let cargo = std::fs::read_to_string(repo_dir().join("Cargo.toml")).expect("Cargo.toml");
     assert!(
         cargo.contains(&format!(
             "license = \"{}\"",
@@ -705,7 +706,7 @@ fn chart_has_artifact_hub_annotations() {
         let file = url
             .strip_prefix(&format!("{home}/blob/main/"))
             .unwrap_or_else(|| panic!("{url} is not a file of {home}"));
-        assert!(repo().join(file).exists(), "{url}: no {file}");
+        assert!(repo_dir().join(file).exists(), "{url}: no {file}");
         assert!(link["name"].is_string(), "{link}");
     }
     for change in list("artifacthub.io/changes") {
@@ -943,21 +944,8 @@ async fn chart_namespace_scope_installs_and_its_rbac_suffices() {
             full,
         ],
     );
-    kubectl_ok(&token, &["get", "pods", "-n", &a.name]).await;
-    for resource in ["pods", "statefulsets", "pvc"] {
-        expect_forbidden(&token, &["get", resource, "-n", &b.name]).await;
-        expect_forbidden(&token, &["get", resource, "--all-namespaces"]).await;
-    }
-    let class = a.create_static_pvs("pv", 5, Reclaim::Retain).await.class;
-    tokio::select! {
-        _ = async {
-            tokio::join!(
-                scale_down_and_delete(&a, &class, &identity),
-                failed_cleanup_is_retried(&a, &class, &identity),
-            )
-        } => {}
-        _ = fail_on_refusal(&controller) => {}
-    }
+    assert_scoped_to(&token, &a.name, &b.name).await;
+    rbac_scenarios(&a, &identity, &controller).await;
     controller.assert_alive();
     assert!(forbidden_lines(&controller).is_empty());
     assert_lease_held_named(&cluster, &a.name, full, &identity).await;

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::deploy::*;
-use support::{Cluster, Reclaim};
+use support::{Cluster, repo_dir};
 
 // === tests ===
 
@@ -91,7 +91,7 @@ fn manifests_grant_the_same_rules_in_both_modes() {
 fn manifest_images_match_the_makefile() {
     let image = support::makefile_image();
     let image = image.as_str();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("artifacts"))
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo_dir().join("artifacts"))
         .expect("artifacts/")
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
@@ -208,16 +208,7 @@ async fn cluster_scoped_manifest_installs_and_its_rbac_suffices() {
         INSTALL_NS,
         &["--leader-elect", "--leader-election-namespace", INSTALL_NS],
     );
-    let class = ns.create_static_pvs("pv", 5, Reclaim::Retain).await.class;
-    tokio::select! {
-        _ = async {
-            tokio::join!(
-                scale_down_and_delete(&ns, &class, &identity),
-                failed_cleanup_is_retried(&ns, &class, &identity),
-            )
-        } => {}
-        _ = fail_on_refusal(&controller) => {}
-    }
+    rbac_scenarios(&ns, &identity, &controller).await;
     controller.assert_alive();
     let forbidden = forbidden_lines(&controller);
     assert!(
@@ -267,24 +258,9 @@ async fn per_namespace_rbac_suffices_and_stays_in_its_namespace() {
         ],
     );
 
-    // The token works in A (so a refusal below is RBAC, not a bad token) ...
-    kubectl_ok(&token, &["get", "pods", "-n", &a.name]).await;
-    // ... and nowhere else.
-    for resource in ["pods", "statefulsets", "pvc"] {
-        expect_forbidden(&token, &["get", resource, "-n", &b.name]).await;
-        expect_forbidden(&token, &["get", resource, "--all-namespaces"]).await;
-    }
+    assert_scoped_to(&token, &a.name, &b.name).await;
 
-    let class = a.create_static_pvs("pv", 5, Reclaim::Retain).await.class;
-    tokio::select! {
-        _ = async {
-            tokio::join!(
-                scale_down_and_delete(&a, &class, &identity),
-                failed_cleanup_is_retried(&a, &class, &identity),
-            )
-        } => {}
-        _ = fail_on_refusal(&controller) => {}
-    }
+    rbac_scenarios(&a, &identity, &controller).await;
 
     // No crash loop for lack of cluster-wide rights: 10 s after its start the controller is alive
     // and still at work (it reconciles `flaky` once more: the resync is 10 s), and its log up to

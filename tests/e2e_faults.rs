@@ -22,7 +22,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use support::fixtures::*;
 use support::recorder::Recorder;
-use support::{Cluster, Reclaim, wait_for, wait_for_gone, wait_for_some};
+use support::{Cluster, Reclaim, repo_dir, wait_for, wait_for_gone, wait_for_some};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -38,10 +38,6 @@ const RECORD: &str = "statefulsets.kubernetes.io/scaledown-cleanups";
 
 // === helpers ===
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 /// Milliseconds since the Unix epoch at `at` (an `Instant` of this process).
 fn unix_ms(at: Instant) -> i64 {
     let (now_i, now_w) = (Instant::now(), SystemTime::now());
@@ -53,7 +49,7 @@ fn unix_ms(at: Instant) -> i64 {
 
 /// `hack/cluster.sh restart-apiserver <down>`: returns the Unix ms of its ready line.
 async fn restart_apiserver(down_secs: u32) -> i64 {
-    let out = tokio::process::Command::new(repo().join("hack/cluster.sh"))
+    let out = tokio::process::Command::new(repo_dir().join("hack/cluster.sh"))
         .args(["restart-apiserver", &down_secs.to_string()])
         .output()
         .await
@@ -134,7 +130,7 @@ fn kubeconfig_via(cluster: &Cluster, name: &str, server: &str) -> PathBuf {
             None => format!("{l}\n"),
         })
         .collect();
-    let dir = repo().join("target/e2e-tokens");
+    let dir = repo_dir().join("target/e2e-tokens");
     std::fs::create_dir_all(&dir).expect("token dir");
     let path = dir.join(format!("{name}.kubeconfig"));
     std::fs::write(&path, text).expect("write kubeconfig");
@@ -277,7 +273,7 @@ fn spawn_controller(kubeconfig: &Path, log: &str, extra: &[&str]) -> Controller 
         "--resync-period=10s",
     ];
     args.extend_from_slice(extra);
-    let _ = std::fs::remove_file(repo().join(format!("target/e2e-logs/{log}.log")));
+    let _ = std::fs::remove_file(repo_dir().join(format!("target/e2e-logs/{log}.log")));
     Controller::spawn(kubeconfig, log, &args, &[("POD_NAME", log)])
 }
 
@@ -795,7 +791,7 @@ async fn sigterm_exits_at_once_while_waiting_for_leadership() {
     );
     let leases: Api<Lease> = env.ns.api();
     wait_for("the first instance leads", LONG, || async {
-        holder(&leases, &lease).await.is_some()
+        support::lease_holder(&leases, &lease).await.is_some()
     })
     .await;
     let mut standby = spawn_controller(
@@ -862,17 +858,6 @@ async fn a_second_sigterm_exits_at_once_with_a_failure_code() {
 
 // === leader churn with three instances ===
 
-async fn holder(leases: &Api<Lease>, name: &str) -> Option<String> {
-    leases
-        .get_opt(name)
-        .await
-        .ok()
-        .flatten()?
-        .spec?
-        .holder_identity
-        .filter(|h| !h.is_empty())
-}
-
 /// DELETE requests for claims in `namespace` that the API server's audit log recorded, by claim.
 fn audited_claim_deletes(namespace: &str) -> BTreeMap<String, usize> {
     let path = support::cluster_state_dir().join("logs/audit.log");
@@ -934,7 +919,7 @@ impl Instances<'_> {
     async fn leader(&self) -> String {
         let leases: Api<Lease> = self.env.ns.api();
         wait_for_some("a live leader", LONG, || async {
-            holder(&leases, &self.lease)
+            support::lease_holder(&leases, &self.lease)
                 .await
                 .filter(|h| self.running.contains_key(h))
         })

@@ -154,12 +154,7 @@ async fn refuse_record(env: &Env, set: &str, reason: &str) -> RecordRefusal {
             }]
         }
     }));
-    let binding: ValidatingAdmissionPolicyBinding = from_json(json!({
-        "metadata": {"name": name},
-        "spec": {"policyName": name, "validationActions": ["Deny"],
-            "matchResources": {"namespaceSelector": {"matchLabels":
-                {"kubernetes.io/metadata.name": env.ns.name}}}}
-    }));
+    let binding = support::deny_in_namespace(&name, &env.ns.name);
     let client = env.ns.client();
     let post = PostParams::default();
     let guard = RecordRefusal {

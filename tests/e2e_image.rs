@@ -21,12 +21,12 @@ use kube::config::Kubeconfig;
 use serde_json::{Value, json};
 use support::deploy::*;
 use support::fixtures::Controller;
-use support::{Cluster, Reclaim};
+use support::{Cluster, repo_dir};
 
 const BINARY: &str = "/statefulset-scaledown-controller";
 
 fn image_dir() -> PathBuf {
-    repo().join("target/image")
+    repo_dir().join("target/image")
 }
 
 fn tag() -> String {
@@ -68,7 +68,7 @@ fn manifest() -> (String, Value) {
 }
 
 fn cargo_repository() -> String {
-    let cargo = std::fs::read_to_string(repo().join("Cargo.toml")).expect("Cargo.toml");
+    let cargo = std::fs::read_to_string(repo_dir().join("Cargo.toml")).expect("Cargo.toml");
     cargo
         .lines()
         .find_map(|l| l.strip_prefix("repository = "))
@@ -77,7 +77,7 @@ fn cargo_repository() -> String {
 }
 
 fn tool(name: &str) -> PathBuf {
-    let out = std::process::Command::new(repo().join("hack/build-tools.sh"))
+    let out = std::process::Command::new(repo_dir().join("hack/build-tools.sh"))
         .arg(name)
         .output()
         .expect("hack/build-tools.sh");
@@ -172,7 +172,7 @@ fn image_has_the_documented_layout_labels_and_sbom() {
     );
 
     // The Dockerfile's final stage: the same files, user, entrypoint and ports.
-    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
+    let dockerfile = std::fs::read_to_string(repo_dir().join("Dockerfile")).expect("Dockerfile");
     let last = dockerfile.rsplit("\nFROM ").next().expect("a final stage");
     assert!(
         last.starts_with("scratch"),
@@ -210,7 +210,7 @@ fn image_has_the_documented_layout_labels_and_sbom() {
     let sbom_path = image_dir().join("statefulset-scaledown-controller.cdx.json");
     let text = std::fs::read_to_string(&sbom_path).expect("SBOM beside the image");
     assert!(
-        !text.contains(repo().to_string_lossy().as_ref()),
+        !text.contains(repo_dir().to_string_lossy().as_ref()),
         "the SBOM names the checkout's path"
     );
     let sbom: Value = serde_json::from_str(&text).expect("SBOM is JSON");
@@ -219,7 +219,7 @@ fn image_has_the_documented_layout_labels_and_sbom() {
         sbom["metadata"]["component"]["version"],
         env!("CARGO_PKG_VERSION")
     );
-    let lock = std::fs::read_to_string(repo().join("Cargo.lock")).expect("Cargo.lock");
+    let lock = std::fs::read_to_string(repo_dir().join("Cargo.lock")).expect("Cargo.lock");
     let kube_version = lock
         .split("[[package]]")
         .find(|p| p.contains("\nname = \"kube\"\n"))
@@ -256,14 +256,14 @@ fn dockerfile_build_stage_builds_with_the_allocator_tuning() {
     if binary.exists() {
         assert_eq!(malloc_conf(&binary), wanted, "make image's binary");
     }
-    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
+    let dockerfile = std::fs::read_to_string(repo_dir().join("Dockerfile")).expect("Dockerfile");
     let stage = dockerfile
         .split("\nFROM ")
         .nth(1)
         .expect("a build stage after the first FROM");
     let context = std::env::temp_dir().join(format!(
         "statefulset-scaledown-dockerfile-{}",
-        repo().to_string_lossy().replace('/', "_")
+        repo_dir().to_string_lossy().replace('/', "_")
     ));
     let src = context.join("src");
     // A fresh copy of the sources; the target directory is kept between runs.
@@ -282,7 +282,7 @@ fn dockerfile_build_stage_builds_with_the_allocator_tuning() {
         }
         let status = std::process::Command::new("cp")
             .arg("-r")
-            .args(sources.iter().map(|s| repo().join(s)))
+            .args(sources.iter().map(|s| repo_dir().join(s)))
             .arg(src.join(dest))
             .status()
             .expect("cp");
@@ -314,7 +314,7 @@ fn dockerfile_build_stage_builds_with_the_allocator_tuning() {
 
 /// The `[env]` table of `.cargo/config.toml`: (key, value) of its `KEY = "value"` lines.
 fn cargo_config_env() -> Vec<(String, String)> {
-    let config = std::fs::read_to_string(repo().join(".cargo/config.toml")).expect("config");
+    let config = std::fs::read_to_string(repo_dir().join(".cargo/config.toml")).expect("config");
     let table = config.split("\n[env]\n").nth(1).expect("an [env] table");
     table
         .lines()
@@ -433,7 +433,7 @@ async fn image_runs_on_the_control_plane() {
     )
     .await;
 
-    let work = repo().join("target/e2e-image").join(&ns.name);
+    let work = repo_dir().join("target/e2e-image").join(&ns.name);
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).expect("work dir");
     let bundle = work.join("bundle");
@@ -554,17 +554,8 @@ async fn image_runs_on_the_control_plane() {
         )
     };
 
-    let class = ns.create_static_pvs("pv", 5, Reclaim::Retain).await.class;
     let mut controller = controller;
-    tokio::select! {
-        _ = async {
-            tokio::join!(
-                scale_down_and_delete(&ns, &class, &identity),
-                failed_cleanup_is_retried(&ns, &class, &identity),
-            )
-        } => {}
-        _ = fail_on_refusal(&controller) => {}
-    }
+    rbac_scenarios(&ns, &identity, &controller).await;
     controller.assert_alive();
     assert_lease_held(&cluster, &ns.name, &identity).await;
 

@@ -49,14 +49,14 @@ use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, 
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use support::deploy::{
-    FINALIZER, OWNER, assert_restricted_enforced, kubectl_ok, manifest_str, read_manifest, repo,
-    scale, scratch_file,
+    FINALIZER, OWNER, assert_restricted_enforced, kubectl_ok, manifest_str, read_manifest, scale,
+    scratch_file,
 };
 use support::fixtures::record;
 use support::recorder::{self, Recorder};
 use support::{
     Cluster, REAL_NODE, TestNamespace, from_json, real_node_ready, real_node_selector,
-    real_node_skipped, real_node_toleration, wait_for, wait_for_gone, wait_for_pod_phase,
+    real_node_skipped, real_node_toleration, repo_dir, wait_for, wait_for_gone, wait_for_pod_phase,
 };
 
 const CHART: &str = "charts/statefulset-scaledown-controller";
@@ -82,14 +82,14 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 fn push_image() -> &'static str {
     static DIGEST: OnceLock<String> = OnceLock::new();
     DIGEST.get_or_init(|| {
-        let layout = repo().join("target/image/oci");
+        let layout = repo_dir().join("target/image/oci");
         assert!(
             layout.join("index.json").exists(),
             "no image layout at {}: run `make image` first",
             layout.display()
         );
         let started = Instant::now();
-        let out = std::process::Command::new(repo().join("hack/real-node.sh"))
+        let out = std::process::Command::new(repo_dir().join("hack/real-node.sh"))
             .arg("push-image")
             .arg(&layout)
             .arg(support::makefile_image())
@@ -102,7 +102,7 @@ fn push_image() -> &'static str {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let digest = std::fs::read_to_string(repo().join("target/image/digest"))
+        let digest = std::fs::read_to_string(repo_dir().join("target/image/digest"))
             .expect("target/image/digest (make image writes it)")
             .trim()
             .to_string();
@@ -434,7 +434,7 @@ async fn note_restarts(cluster: &Cluster, namespace: &str, pod: &Pod) {
     )
     .await;
     let log = String::from_utf8_lossy(&out.stdout).into_owned();
-    let file = repo().join(format!("target/e2e-logs/incluster-{name}-previous-{n}.log"));
+    let file = repo_dir().join(format!("target/e2e-logs/incluster-{name}-previous-{n}.log"));
     let _ = std::fs::write(&file, &log);
     let lines: Vec<&str> = log.lines().filter(|l| !l.contains("\"DEBUG\"")).collect();
     eprintln!(
@@ -455,7 +455,7 @@ fn follow_logs(cluster: &Cluster, namespace: &str, pod: &str) {
     {
         return;
     }
-    let dir = repo().join("target/e2e-logs");
+    let dir = repo_dir().join("target/e2e-logs");
     std::fs::create_dir_all(&dir).expect("log dir");
     let log = std::fs::File::create(dir.join(format!("incluster-{pod}.log"))).expect("log file");
     let spawned = std::process::Command::new(support::kubectl_binary())
@@ -1023,7 +1023,7 @@ async fn helm_install_runs_on_the_real_node_and_fails_over() {
     assert_restricted_enforced(&cluster, HELM_NS).await;
     let seen = install.watch(&cluster).await;
     let values = scratch_file("incluster-values.json", &real_node_values().to_string());
-    let chart = repo().join(CHART).to_string_lossy().into_owned();
+    let chart = repo_dir().join(CHART).to_string_lossy().into_owned();
     let started = Instant::now();
     let out = helm_ok(
         &cluster,

@@ -24,17 +24,6 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
-async fn holder(leases: &Api<Lease>, name: &str) -> Option<String> {
-    leases
-        .get_opt(name)
-        .await
-        .ok()
-        .flatten()?
-        .spec?
-        .holder_identity
-        .filter(|h| !h.is_empty())
-}
-
 /// The value of an unlabelled sample, or the sum over the samples of a labelled family.
 fn sample(metrics: &str, name: &str) -> f64 {
     metrics
@@ -72,8 +61,10 @@ async fn two_instances_one_acts_and_the_other_takes_over() {
     let mut a = Some(start_elected(&env, &lease, "replica-a", &[]).await);
     let mut b = Some(start_elected(&env, &lease, "replica-b", &[]).await);
     let leases: Api<Lease> = env.ns.api();
-    let leader =
-        support::wait_for_some("a leader", LONG, || async { holder(&leases, &lease).await }).await;
+    let leader = support::wait_for_some("a leader", LONG, || async {
+        support::lease_holder(&leases, &lease).await
+    })
+    .await;
     env.create_running(&spec).await;
 
     env.scale("web", 2).await;
@@ -115,7 +106,7 @@ async fn two_instances_one_acts_and_the_other_takes_over() {
     wait_for(
         "the survivor holds the Lease",
         LEASE_DURATION + Duration::from_secs(20),
-        || async { holder(&leases, &lease).await.as_deref() == Some(survivor) },
+        || async { support::lease_holder(&leases, &lease).await.as_deref() == Some(survivor) },
     )
     .await;
     let takeover = killed_at.elapsed();
@@ -323,7 +314,7 @@ async fn sigterm_releases_the_lease_and_exits_zero() {
     let mut controller = start_elected(&env, &lease, "replica-term", &["--log-format=json"]).await;
     let leases: Api<Lease> = env.ns.api();
     wait_for("leadership", LONG, || async {
-        holder(&leases, &lease).await.as_deref() == Some("replica-term")
+        support::lease_holder(&leases, &lease).await.as_deref() == Some("replica-term")
     })
     .await;
     // Idle memory, once leading with synced caches.
@@ -362,7 +353,11 @@ async fn sigterm_releases_the_lease_and_exits_zero() {
         "exit code after SIGTERM:\n{}",
         controller.log_tail(20)
     );
-    assert_eq!(holder(&leases, &lease).await, None, "the Lease is released");
+    assert_eq!(
+        support::lease_holder(&leases, &lease).await,
+        None,
+        "the Lease is released"
+    );
     // --log-format json: every line is one JSON object with a level and a message.
     let log = controller.log_tail(10_000);
     assert!(log.lines().count() > 3, "{log}");
@@ -382,7 +377,7 @@ async fn a_frozen_leader_stops_writing_and_exits_non_zero() {
     let mut a = start_elected(&env, &lease, "replica-a", &[]).await;
     let leases: Api<Lease> = env.ns.api();
     wait_for("replica-a leads", LONG, || async {
-        holder(&leases, &lease).await.as_deref() == Some("replica-a")
+        support::lease_holder(&leases, &lease).await.as_deref() == Some("replica-a")
     })
     .await;
     // The Lease may name replica-a a moment before replica-a has confirmed it and begun to lead.
@@ -404,7 +399,7 @@ async fn a_frozen_leader_stops_writing_and_exits_non_zero() {
     wait_for(
         "replica-b takes over",
         LEASE_DURATION + Duration::from_secs(20),
-        || async { holder(&leases, &lease).await.as_deref() == Some("replica-b") },
+        || async { support::lease_holder(&leases, &lease).await.as_deref() == Some("replica-b") },
     )
     .await;
     // A scale-down while the old leader is frozen is handled by the new one alone.

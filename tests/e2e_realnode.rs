@@ -23,18 +23,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{
-    ContainerStateTerminated, ContainerStatus, PersistentVolumeClaim, Pod,
-};
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, ContainerStatus, Pod};
+use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::fixtures::{Controller, FINALIZER, OWNER, record};
-use support::recorder::{self, Recorder, Seen, event_note};
+use support::fixtures::{FINALIZER, OWNER, record};
+use support::realnode::{RealEnv, RealTest};
+use support::recorder::{self, Seen, event_note};
 use support::{
-    Cluster, REAL_NODE, StaticPvs, TestNamespace, from_json, real_node_ready, real_node_selector,
-    real_node_skipped, real_node_toleration, wait_for, wait_for_gone,
+    REAL_NODE, from_json, real_node_selector, real_node_toleration, wait_for, wait_for_gone,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -264,56 +260,7 @@ fn ms_between(a: &k8s_openapi::jiff::Timestamp, b: &k8s_openapi::jiff::Timestamp
 
 // === the environment ===
 
-/// A test's namespace, real-node PVs, controller and recordings (pods, claims, our Events).
-/// Dropping it stops the controller and removes its finalizer from the set, so the namespace goes.
-struct RealEnv {
-    cluster: Cluster,
-    ns: TestNamespace,
-    pvs: StaticPvs,
-    controller: Option<Controller>,
-    pods: Recorder<Pod>,
-    claims: Recorder<PersistentVolumeClaim>,
-    events: Recorder<Event>,
-}
-
 impl RealEnv {
-    /// `None` (the test skips) when the real node is absent on purpose; panics when it should run.
-    async fn new(test: &str, pvs: usize, flags: &[&str]) -> Option<RealEnv> {
-        let cluster = Cluster::connect().await;
-        if !real_node_ready(&cluster.client).await {
-            if let Some(why) = real_node_skipped() {
-                eprintln!("e2e_realnode: {test} SKIPPED, no real node in this cluster: {why}");
-                return None;
-            }
-            panic!(
-                "e2e: node {REAL_NODE} is not Ready; hack/cluster.sh up starts it (see hack/real-node.sh status)"
-            );
-        }
-        let ns = cluster.namespace(test).await;
-        let pvs = ns.create_real_pvs("real", pvs).await;
-        let controller = Some(Controller::start(&cluster, &ns.name, flags).await);
-        let pods = Recorder::start(ns.api(), watcher::Config::default()).await;
-        let claims = Recorder::start(ns.api(), watcher::Config::default()).await;
-        let events = Recorder::start(ns.api(), watcher::Config::default()).await;
-        Some(RealEnv {
-            cluster,
-            ns,
-            pvs,
-            controller,
-            pods,
-            claims,
-            events,
-        })
-    }
-
-    fn sets(&self) -> Api<StatefulSet> {
-        self.ns.api()
-    }
-
-    fn claims_api(&self) -> Api<PersistentVolumeClaim> {
-        self.ns.api()
-    }
-
     /// Creates `set` and waits until its `replicas` members are Ready and it has our finalizer.
     async fn create_ready(&self, set: &StatefulSet, replicas: i32) {
         let t0 = Instant::now();
@@ -419,20 +366,6 @@ impl RealEnv {
     }
 }
 
-impl Drop for RealEnv {
-    fn drop(&mut self) {
-        // Without the controller, its finalizer would keep the set, and so the namespace.
-        self.controller.take();
-        let _ = std::process::Command::new(support::kubectl_binary())
-            .arg("--kubeconfig")
-            .arg(&self.cluster.kubeconfig)
-            .args(["-n", &self.ns.name, "--request-timeout", "20s"])
-            .args(["patch", "statefulset", SET, "--type=merge"])
-            .args(["-p", r#"{"metadata":{"finalizers":null}}"#])
-            .output();
-    }
-}
-
 // === data path ===
 
 #[tokio::test(flavor = "multi_thread")]
@@ -449,7 +382,16 @@ async fn real_node_data_path_parallel_scale_down_archives_removed_members() {
 /// is archived byte-identical, kept members keep their claims, and no claim was deleted before its
 /// cleanup container exited 0.
 async fn data_path(test: &str, policy: &str, target: i32) {
-    let Some(env) = RealEnv::new(test, 4, &[]).await else {
+    let Some(env) = RealEnv::new(RealTest {
+        suite: "e2e_realnode",
+        test,
+        class: "real",
+        pvs: 4,
+        flags: &[],
+        set: SET,
+    })
+    .await
+    else {
         return;
     };
     let archive = env.ns.shared_host_dir("archive");
@@ -588,7 +530,16 @@ fn assert_deleted_after_exit(env: &RealEnv, o: usize) -> (Duration, Duration) {
 /// gone (pod watch).
 #[tokio::test(flavor = "multi_thread")]
 async fn real_node_terminating_member_and_cleanup_never_share_the_volume() {
-    let Some(env) = RealEnv::new("realnode-no-overlap", 3, &[]).await else {
+    let Some(env) = RealEnv::new(RealTest {
+        suite: "e2e_realnode",
+        test: "realnode-no-overlap",
+        class: "real",
+        pvs: 3,
+        flags: &[],
+        set: SET,
+    })
+    .await
+    else {
         return;
     };
     let cleanup = cleanup_template("busybox", &timed_cleanup(), None, None);
@@ -695,7 +646,16 @@ async fn real_node_cleanup_exit_3_is_retried_with_backoff_then_given_up() {
         "--resync-period",
         "2s",
     ];
-    let Some(env) = RealEnv::new("realnode-exit-3", 2, &flags).await else {
+    let Some(env) = RealEnv::new(RealTest {
+        suite: "e2e_realnode",
+        test: "realnode-exit-3",
+        class: "real",
+        pvs: 2,
+        flags: &flags,
+        set: SET,
+    })
+    .await
+    else {
         return;
     };
     // `Never`: under the default `OnFailure` the kubelet restarts the container in place
@@ -735,7 +695,16 @@ async fn real_node_cleanup_exit_3_is_retried_with_backoff_then_given_up() {
 #[tokio::test(flavor = "multi_thread")]
 async fn real_node_cleanup_restarted_in_place_is_reported_and_claims_kept() {
     let flags = ["--cleanup-attempts", "2", "--resync-period", "2s"];
-    let Some(env) = RealEnv::new("realnode-restarts", 2, &flags).await else {
+    let Some(env) = RealEnv::new(RealTest {
+        suite: "e2e_realnode",
+        test: "realnode-restarts",
+        class: "real",
+        pvs: 2,
+        flags: &flags,
+        set: SET,
+    })
+    .await
+    else {
         return;
     };
     let cleanup = cleanup_template("busybox", &failing_cleanup(), None, None);
@@ -918,7 +887,16 @@ fn assert_backoff(env: &RealEnv, dir: &Path, uids: &[String], pods: &[Pod], back
 #[tokio::test(flavor = "multi_thread")]
 async fn real_node_cleanup_image_pull_failure_is_reported_stuck() {
     let flags = ["--cleanup-pending-timeout", "5s", "--resync-period", "2s"];
-    let Some(env) = RealEnv::new("realnode-no-image", 2, &flags).await else {
+    let Some(env) = RealEnv::new(RealTest {
+        suite: "e2e_realnode",
+        test: "realnode-no-image",
+        class: "real",
+        pvs: 2,
+        flags: &flags,
+        set: SET,
+    })
+    .await
+    else {
         return;
     };
     let image = "docker.io/library/scaledown-no-such-image:1";

@@ -183,48 +183,16 @@ fn fixed_cases() -> Vec<String> {
     cases
 }
 
-/// SplitMix64: small, seeded, and the same on every platform.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    fn range(&mut self, low: usize, high: usize) -> usize {
-        low + self.below(high - low)
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len())]
-    }
-
-    /// True with probability `percent`/100.
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-}
+use support::rng::Rng;
 
 /// One random piece of an annotation: a character or a fragment.
 fn piece(rng: &mut Rng, out: &mut String) {
-    match rng.below(100) {
+    match rng.index(100) {
         0..=29 => out.push(rng.pick(&GO_ESCAPED)),
         30..=39 => out.push(rng.pick(&ESCAPED_BY_BOTH)),
         40..=51 => {
             // C0 controls 0x00-0x1f (\t \n \r \b \f among them), DEL, C1 controls 0x80-0x9f.
-            let c = match rng.below(65) as u32 {
+            let c = match rng.index(65) as u32 {
                 c @ 0..=31 => c,
                 32 => 0x7f,
                 c => 0x80 + (c - 33),
@@ -246,7 +214,7 @@ fn piece(rng: &mut Rng, out: &mut String) {
 
 /// A random annotation: mostly short, sometimes long, rarely tens of KiB.
 fn random_text(rng: &mut Rng) -> String {
-    let pieces = match rng.below(100) {
+    let pieces = match rng.index(100) {
         0..=79 => rng.range(1, 24),
         80..=96 => rng.range(24, 200),
         _ => rng.range(2000, 5000),
@@ -295,7 +263,7 @@ fn change_once(rng: &mut Rng, before: &str) -> (String, &'static str) {
         .filter(|(_, c)| GO_ESCAPED.contains(c))
         .collect();
     let starts = char_starts(before);
-    match rng.below(100) {
+    match rng.index(100) {
         // One special character swapped for another (`&` -> `<`, U+2028 -> U+2029, ...).
         0..=39 if !specials.is_empty() => {
             let (at, c) = rng.pick(&specials);
@@ -334,7 +302,7 @@ fn change_once(rng: &mut Rng, before: &str) -> (String, &'static str) {
         }
         // One character removed.
         65..=74 if starts.len() > 2 => {
-            let i = rng.below(starts.len() - 1);
+            let i = rng.index(starts.len() - 1);
             let mut after = before.to_string();
             after.replace_range(starts[i]..starts[i + 1], "");
             (after, "remove one character")
@@ -378,7 +346,7 @@ fn random_records(rng: &mut Rng, set: &str) -> BTreeMap<u32, Record> {
         };
         let claims = BTreeMap::from([(
             format!("data-{set}-{ordinal}"),
-            format!("{:016x}-{:04x}", rng.next(), rng.below(0x10000)),
+            format!("{:016x}-{:04x}", rng.next_u64(), rng.index(0x10000)),
         )]);
         records.insert(ordinal, Record { pod, claims });
     }
@@ -704,7 +672,7 @@ impl Worker {
             let create = n % CASES_PER_SET == 0
                 || (failed && matches!(self.sets.get_opt(&name).await, Ok(None)));
             let mut rng = Rng::new(seed ^ (*case as u64 + 1).wrapping_mul(0xa076_1d64_78bd_642f));
-            rng.next();
+            rng.next_u64();
             failed = false;
             if let Err(e) = self.case(&mut tally, &mut rng, &name, create, before).await {
                 failed = true;

@@ -26,15 +26,13 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
     ConfigMap, ContainerStateTerminated, PersistentVolumeClaim, Pod, Service,
 };
-use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::watcher;
 use serde_json::{Value, json};
-use support::fixtures::{Controller, OWNER, record};
-use support::recorder::{self, Recorder, Seen, event_note};
+use support::fixtures::{OWNER, record};
+use support::realnode::{RealEnv, RealTest};
+use support::recorder::{self, Seen, event_note};
 use support::{
-    Cluster, REAL_NODE, StaticPvs, TestNamespace, from_json, real_node_ready, real_node_selector,
-    real_node_skipped, real_node_toleration, wait_for, wait_for_gone,
+    REAL_NODE, from_json, real_node_selector, real_node_toleration, wait_for, wait_for_gone,
 };
 
 /// The example's StatefulSet, Service and ConfigMap names.
@@ -49,49 +47,8 @@ fn kv(i: usize) -> (String, String) {
     (format!("key:{i:05}"), format!("value-{i}-{v:x}"))
 }
 
-/// A test's namespace, real-node PVs, controller and recordings of pods, claims and Events.
-struct RedisEnv {
-    cluster: Cluster,
-    ns: TestNamespace,
-    pvs: StaticPvs,
-    controller: Option<Controller>,
-    pods: Recorder<Pod>,
-    claims: Recorder<PersistentVolumeClaim>,
-    events: Recorder<Event>,
-}
-
-impl RedisEnv {
-    /// `None` (the test skips) when the real node is absent on purpose; panics when it should run.
-    async fn new(test: &str, shards: usize, flags: &[&str]) -> Option<RedisEnv> {
-        let cluster = Cluster::connect().await;
-        if !real_node_ready(&cluster.client).await {
-            if let Some(why) = real_node_skipped() {
-                eprintln!("e2e_redis: {test} SKIPPED, no real node in this cluster: {why}");
-                return None;
-            }
-            panic!("e2e: node {REAL_NODE} is not Ready; hack/cluster.sh up starts it");
-        }
-        let ns = cluster.namespace(test).await;
-        let pvs = ns.create_real_pvs("redis", shards).await;
-        let controller = Some(Controller::start(&cluster, &ns.name, flags).await);
-        let pods = Recorder::start(ns.api(), watcher::Config::default()).await;
-        let claims = Recorder::start(ns.api(), watcher::Config::default()).await;
-        let events = Recorder::start(ns.api(), watcher::Config::default()).await;
-        Some(RedisEnv {
-            cluster,
-            ns,
-            pvs,
-            controller,
-            pods,
-            claims,
-            events,
-        })
-    }
-
-    fn sets(&self) -> Api<StatefulSet> {
-        self.ns.api()
-    }
-
+/// The redis example on a real-node test's namespace.
+impl RealEnv {
     /// `kubectl apply -k example/redis`, as objects: the ConfigMap of the scripts, the headless
     /// Service and the StatefulSet with `shards` replicas, on the real node and its PVs. Waits
     /// until every shard is Ready.
@@ -309,20 +266,6 @@ impl RedisEnv {
     }
 }
 
-impl Drop for RedisEnv {
-    fn drop(&mut self) {
-        // Without the controller, its finalizer would keep the set, and so the namespace.
-        self.controller.take();
-        let _ = std::process::Command::new(support::kubectl_binary())
-            .arg("--kubeconfig")
-            .arg(&self.cluster.kubeconfig)
-            .args(["-n", &self.ns.name, "--request-timeout", "20s"])
-            .args(["patch", "statefulset", SET, "--type=merge"])
-            .args(["-p", r#"{"metadata":{"finalizers":null}}"#])
-            .output();
-    }
-}
-
 /// The terminated state of container `drain`.
 fn terminated(pod: &Pod) -> Option<ContainerStateTerminated> {
     let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
@@ -348,7 +291,16 @@ fn number_after(text: &str, word: &str) -> Option<u64> {
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_5_to_2_moves_every_key_to_the_surviving_shards() {
     const KEYS: usize = 10_000;
-    let Some(env) = RedisEnv::new("redis-reshard", 5, &[]).await else {
+    let Some(env) = RealEnv::new(RealTest {
+        suite: "e2e_redis",
+        test: "redis-reshard",
+        class: "redis",
+        pvs: 5,
+        flags: &[],
+        set: SET,
+    })
+    .await
+    else {
         return;
     };
     env.apply_example(5).await;
@@ -413,7 +365,7 @@ async fn redis_5_to_2_moves_every_key_to_the_surviving_shards() {
 /// Shard `o` was drained by one cleanup pod on the real node whose container exited 0 saying it
 /// moved all `keys` keys, and claim `data-redis-<o>` was deleted after that exit was recorded.
 /// Returns the pod's UID.
-fn assert_drained_then_deleted(env: &RedisEnv, o: usize, keys: usize) -> String {
+fn assert_drained_then_deleted(env: &RealEnv, o: usize, keys: usize) -> String {
     let uids = env.cleanup_uids(o);
     assert_eq!(uids.len(), 1, "one drain pod for shard {o}: {uids:?}");
     let (exited, t) = env.exited(&uids[0]);
@@ -468,7 +420,16 @@ async fn redis_drain_refused_by_a_survivor_keeps_the_claim_then_succeeds() {
         "--resync-period",
         "2s",
     ];
-    let Some(env) = RedisEnv::new("redis-refused", 3, &flags).await else {
+    let Some(env) = RealEnv::new(RealTest {
+        suite: "e2e_redis",
+        test: "redis-refused",
+        class: "redis",
+        pvs: 3,
+        flags: &flags,
+        set: SET,
+    })
+    .await
+    else {
         return;
     };
     env.ns.allow_more_cleanup_creates(

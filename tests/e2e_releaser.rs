@@ -751,7 +751,7 @@ async fn a_pv_bound_again_after_the_read_is_left_alone() {
         &metrics,
         false,
     );
-    let writer = releaser::act::Releaser::new(
+    let writer = releaser::act::Actor::new(
         cluster.client.clone(),
         reporter,
         metrics,

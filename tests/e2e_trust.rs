@@ -657,12 +657,7 @@ async fn refuse_cleanup_pods_by_policy(env: &Env) -> PolicyGuard {
             }]
         }
     }));
-    let binding: ValidatingAdmissionPolicyBinding = from_json(json!({
-        "metadata": {"name": name},
-        "spec": {"policyName": name, "validationActions": ["Deny"],
-            "matchResources": {"namespaceSelector": {"matchLabels":
-                {"kubernetes.io/metadata.name": env.ns.name}}}}
-    }));
+    let binding = support::deny_in_namespace(&name, &env.ns.name);
     let client = env.ns.client();
     let post = PostParams::default();
     Api::<ValidatingAdmissionPolicy>::all(client.clone())

@@ -55,7 +55,9 @@ const READY_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 /// The shared caches, and the change streams controllers subscribe to.
 #[derive(Clone)]
 pub struct Caches {
+    /// Every StatefulSet (full objects: spec and annotations are read).
     pub sets: Store<StatefulSet>,
+    /// Every claim, as metadata, indexed per namespace.
     pub claims: Index<Claim>,
     /// Every pod: pruned by [`prune_pod`] where a reader needs more than its name, else by name.
     pub pods: PodCache,

@@ -258,6 +258,7 @@ impl PodCache {
         (self.full.len(), self.named.len())
     }
 
+    /// Waits until the pod cache has its first full list.
     pub async fn wait_ready(&self) {
         self.full.wait_ready().await;
         self.named.wait_ready().await;

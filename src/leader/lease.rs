@@ -19,11 +19,17 @@ use crate::naming::CONTROLLER_NAME;
 /// Election settings, from the flags.
 #[derive(Clone, Debug)]
 pub struct ElectionConfig {
+    /// The namespace of the Lease.
     pub namespace: String,
+    /// The Lease's name.
     pub lease_name: String,
+    /// This replica's identity, the Lease's holder while it leads.
     pub identity: String,
+    /// How long a Lease holds without a renewal.
     pub lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it stops writing.
     pub renew_deadline: Duration,
+    /// How often a candidate tries to take the Lease, and the leader renews it.
     pub retry_period: Duration,
 }
 

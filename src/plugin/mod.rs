@@ -21,10 +21,11 @@ pub mod status;
 pub use read::Scope;
 pub use status::Output;
 
+/// What the StatefulSet scale-down controller sees and would do.
 #[derive(Debug, Parser)]
 #[command(name = "kubectl-scaledown", bin_name = "kubectl scaledown", version = crate::cli::VERSION)]
-/// What the StatefulSet scale-down controller sees and would do.
 pub struct PluginArgs {
+    /// The subcommand.
     #[command(subcommand)]
     pub command: Command,
     /// Path to a kubeconfig (default: the files of $KUBECONFIG, merged as kubectl does, or
@@ -42,12 +43,15 @@ pub struct PluginArgs {
     pub all_namespaces: bool,
 }
 
+/// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Show each opted-in StatefulSet: orphaned claims, cleanup pods, give-ups, what comes next.
     Status {
         /// Only this StatefulSet.
         set: Option<String>,
+        // No doc comment: clap would print it in --help, which stays as it is.
+        #[allow(missing_docs)]
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
         /// Leave out the table's header line (as kubectl's --no-headers).

@@ -21,7 +21,9 @@ use crate::scaledown::reconcile::list_namespace;
 /// Where to look: one namespace, or all of them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Scope {
+    /// One namespace.
     Namespace(String),
+    /// Every namespace.
     All,
 }
 

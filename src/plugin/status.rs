@@ -12,6 +12,7 @@ use crate::scaledown::observe::{Observed, Phase, PodRole};
 
 /// `status -o`: how the statuses are printed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[allow(missing_docs)] // clap would print a variant's doc comment in --help
 pub enum Output {
     Table,
     Wide,
@@ -22,7 +23,9 @@ pub enum Output {
 /// The state of one opted-in StatefulSet, as the controller sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SetStatus {
+    /// The set's namespace.
     pub namespace: String,
+    /// The set's name.
     pub name: String,
     /// The one-word status (`Idle`, `CleaningUp`, `Stalled`, `Paused`), computed by the
     /// controller's own rule (`decide::status`) from this read.
@@ -33,11 +36,13 @@ pub struct SetStatus {
     /// causes only the controller's memory holds (creations the API server refused, records that
     /// lost every race).
     pub status_annotation: Option<String>,
+    /// `spec.replicas`.
     pub replicas: u32,
     /// The ordinals the set wants, e.g. `0..2` (empty when none).
     pub wanted: String,
     /// Claims of ordinals the set does not want (the ones the controller cleans up).
     pub orphaned_claims: Vec<String>,
+    /// The cleanup pods in the set's record.
     pub cleanups: Vec<Cleanup>,
     /// Pods that look like cleanup pods but are not in the controller's record.
     pub unproven_pods: Vec<String>,
@@ -53,15 +58,20 @@ pub struct SetStatus {
     pub last_warning: Option<String>,
     /// The set is being deleted and waits for our finalizer.
     pub deleting: bool,
+    /// The set carries the controller's finalizer.
     pub has_finalizer: bool,
 }
 
 /// A cleanup pod of the controller (its UID is in the set's record).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Cleanup {
+    /// The pod's name.
     pub pod: String,
+    /// The ordinal it cleans up.
     pub ordinal: u32,
+    /// Its phase (`Pending`, `Running`, `Succeeded`, `Failed`).
     pub phase: String,
+    /// Which attempt it is (1 for the first).
     pub attempt: u32,
 }
 

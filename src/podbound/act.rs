@@ -19,15 +19,17 @@ use crate::naming::WAITING_SINCE_ANNOTATION;
 use crate::reason::Reason;
 use crate::report::{Outcome, Reporter};
 
-pub struct Binder {
+/// The pod-bound claims' writer: the owner patch, the waiting record, the deletion, and the reports.
+pub struct Actor {
     client: Client,
     reporter: Arc<Reporter>,
     leadership: Arc<Leadership>,
 }
 
-impl Binder {
+impl Actor {
+    /// A writer through `client`, reporting through `reporter`, that writes only while `leadership` allows.
     pub fn new(client: Client, reporter: Arc<Reporter>, leadership: Arc<Leadership>) -> Self {
-        Binder {
+        Actor {
             client,
             reporter,
             leadership,
@@ -47,6 +49,7 @@ impl Binder {
         Ok(!self.reporter.skipped(&claim_ref(claim), what).await)
     }
 
+    /// Adds `pods` as owners of `claim` (a JSON patch whose test ops pin the claim's UID and resourceVersion).
     pub async fn attach(&self, claim: &ClaimFacts, pods: &[PodRef]) -> Result<()> {
         let who = names(pods);
         let what = format!("bind claim {} to pods {who}", claim.name);
@@ -192,6 +195,7 @@ pub fn waiting_patch(
     ]))
 }
 
+/// The JSON patch that adds `pods` as owners of `claim`, tested against the state it was decided on.
 pub fn owner_patch(
     claim: &ClaimFacts,
     pods: &[PodRef],
@@ -218,94 +222,4 @@ pub fn owner_patch(
 }
 
 #[cfg(test)]
-mod requests;
-
-#[cfg(test)]
-mod tests {
-    use super::requests::{claim, pods};
-    use super::*;
-
-    fn live(owners: serde_json::Value, rv: &str) -> serde_json::Value {
-        let mut meta = json!({"name": "cache", "uid": "uid-claim", "resourceVersion": rv});
-        if !owners.is_null() {
-            meta["ownerReferences"] = owners;
-        }
-        json!({"metadata": meta})
-    }
-
-    fn owner_uids(doc: &serde_json::Value) -> Vec<String> {
-        doc["metadata"]["ownerReferences"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|o| o["uid"].as_str().unwrap_or_default().to_string())
-            .collect()
-    }
-
-    #[test]
-    fn the_owner_patch_adds_every_pod_to_the_state_it_was_decided_on() {
-        let patch = owner_patch(&claim(Vec::new()), &pods(&["runner", "reader"])).expect("patch");
-        let mut doc = live(serde_json::Value::Null, "5");
-        json_patch::patch(&mut doc, &patch).expect("applies");
-        assert_eq!(owner_uids(&doc), ["uid-runner", "uid-reader"]);
-        let reader = &doc["metadata"]["ownerReferences"][1];
-        assert_eq!(reader["blockOwnerDeletion"], json!(false));
-        assert!(reader.get("controller").is_none(), "never a controller");
-
-        // Added to the owners there are, which stay.
-        let owners = vec![("Pod".into(), "runner".into(), "uid-runner".into())];
-        let patch = owner_patch(&claim(owners), &pods(&["late"])).expect("patch");
-        let mut doc = live(
-            json!([{"kind": "Pod", "name": "runner", "uid": "uid-runner"}]),
-            "5",
-        );
-        json_patch::patch(&mut doc, &patch).expect("applies");
-        assert_eq!(owner_uids(&doc), ["uid-runner", "uid-late"]);
-    }
-
-    #[test]
-    fn the_owner_patch_fails_on_a_changed_or_replaced_claim() {
-        let patch = owner_patch(&claim(Vec::new()), &pods(&["runner"])).expect("patch");
-        let mut changed = live(serde_json::Value::Null, "6");
-        assert!(
-            json_patch::patch(&mut changed, &patch).is_err(),
-            "resourceVersion"
-        );
-        let mut replaced = live(serde_json::Value::Null, "5");
-        replaced["metadata"]["uid"] = json!("uid-new");
-        assert!(json_patch::patch(&mut replaced, &patch).is_err(), "uid");
-        assert_eq!(owner_uids(&replaced), Vec::<String>::new());
-    }
-
-    #[tokio::test]
-    async fn under_dry_run_the_writes_are_dry_run_events_only() {
-        let (client, log) = crate::mock_api::serve(|_| crate::mock_api::deleted());
-        let metrics = Arc::new(crate::metrics::Metrics::default());
-        let (reporter, _) = crate::pass::test_parts::<PersistentVolumeClaim>(
-            crate::naming::Controller::PodBound,
-            &client,
-            &metrics,
-            true,
-        );
-        let binder = Binder::new(client, reporter, Arc::new(Leadership::always()));
-        let facts = claim(Vec::new());
-        binder
-            .attach(&facts, &pods(&["runner"]))
-            .await
-            .expect("attach");
-        binder.delete(&facts).await.expect("delete");
-        assert!(log.lines().is_empty(), "wrote: {:?}", log.lines());
-        let events = log.events();
-        let reasons: Vec<&str> = events.iter().map(|e| e.1.as_str()).collect();
-        assert_eq!(reasons, ["DryRun", "DryRun"], "{events:?}");
-        assert!(
-            events[0].2.contains("bind claim cache to pods runner"),
-            "{events:?}"
-        );
-        assert!(
-            metrics
-                .encode()
-                .contains("scaledown_events_total{reason=\"DryRun\"} 2")
-        );
-    }
-}
+mod tests;

@@ -18,8 +18,10 @@ use k8s_openapi::jiff::Timestamp;
 use super::observe::{ClaimFacts, Fresh, NamedPod, PodRead, PodRef, Waiting};
 use crate::reason::Reason;
 
+/// What a pass over one claim does.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Plan {
+    /// Nothing.
     Skip,
     /// Read the pods and StatefulSets (from the caches), then decide again.
     ReadPods,
@@ -56,6 +58,7 @@ impl Plan {
     }
 }
 
+/// The plan for `claim`, from what `read` showed, at `now`, with `grace` for a missing pod.
 pub fn decide(claim: &ClaimFacts, read: &PodRead, now: Timestamp, grace: Duration) -> Plan {
     let Some(pod) = claim.pod.as_deref() else {
         return Plan::Skip;

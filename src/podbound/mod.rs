@@ -14,25 +14,22 @@ pub mod act;
 pub mod decide;
 pub mod observe;
 pub mod reconcile;
+pub mod watch;
 
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::controller::{self, Controller};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Client, ResourceExt};
+use kube::Client;
+use kube::runtime::controller::Controller;
+use kube::runtime::reflector::Store;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
 
 use crate::caches::{Caches, Claim};
 use crate::cli::Args;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
-use crate::naming::BOUND_TO_POD_ANNOTATION;
 use crate::pass;
 use crate::resuming::WatchBackoff;
-use observe::claims_of;
 use reconcile::{Context, error_policy, reconcile};
 
 /// The pod-bound claims' pass context: the caches it reads (`claims`: the same claims as the
@@ -46,11 +43,11 @@ pub fn context(
 ) -> Arc<Context> {
     let (reporter, runner) =
         pass::from_args(crate::naming::Controller::PodBound, args, client, metrics);
-    let binder = act::Binder::new(client.clone(), reporter, leadership.clone());
+    let actor = act::Actor::new(client.clone(), reporter, leadership.clone());
     Arc::new(Context::new(
         client.clone(),
         (caches.clone(), claims),
-        binder,
+        actor,
         args.pod_bound_grace,
         leadership.clone(),
         runner,
@@ -67,27 +64,20 @@ pub fn controller(
 ) -> impl Future<Output = ()> + Send + 'static {
     let store = ctx.claims.clone();
     let cached = store.clone();
-    let opted_in = caches.claim_changes(false).filter(|claim| {
-        std::future::ready(claim.annotations().contains_key(BOUND_TO_POD_ANNOTATION))
-    });
+    let opted_in = watch::opted_in(caches);
     let passes = Controller::for_shared_stream(opted_in, store)
         .trigger_backoff(WatchBackoff::default())
         .watches_shared_stream(caches.pod_changes(), move |pod| {
-            claims_to_wake(&pod, &cached)
-        })
-        .reconcile_all_on(became_leader)
-        .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(reconcile, error_policy, ctx.clone())
-        .for_each(|result| async move {
-            match result {
-                Ok((claim, _)) => debug!(claim = %claim.name, "pod-bound claim looked at"),
-                Err(controller::Error::ReconcilerFailed(..)) => {}
-                Err(controller::Error::ObjectNotFound(claim)) => {
-                    debug!(claim = %claim.name, "gone before its pass")
-                }
-                Err(e) => warn!(error = %e, "claim watch or queue error"),
-            }
+            watch::claims_to_wake(&pod, &cached)
         });
+    let passes = pass::run_controller(
+        passes,
+        crate::naming::Controller::PodBound,
+        (reconcile, error_policy),
+        ctx.clone(),
+        became_leader,
+        stop,
+    );
     // What the passes remember of a claim goes with it.
     let forget = caches.claim_deletes().for_each(move |claim| {
         ctx.runner.gone(&claim);
@@ -99,22 +89,4 @@ pub fn controller(
             _ = forget => {}
         }
     }
-}
-
-/// The opted-in claims, not being deleted, that `pod` mounts without being one of their owners:
-/// a pass over each adds it as an owner (or, for a claim not bound yet, looks at it again).
-fn claims_to_wake(pod: &Pod, claims: &Store<Claim>) -> Vec<ObjectRef<Claim>> {
-    let (Some(ns), Some(uid)) = (pod.namespace(), pod.uid()) else {
-        return Vec::new();
-    };
-    claims_of(pod)
-        .map(|name| ObjectRef::<Claim>::new(name).within(&ns))
-        .filter(|r| {
-            claims.get(r).is_some_and(|c| {
-                c.annotations().contains_key(BOUND_TO_POD_ANNOTATION)
-                    && c.metadata.deletion_timestamp.is_none()
-                    && !c.owner_references().iter().any(|o| o.uid == uid)
-            })
-        })
-        .collect()
 }

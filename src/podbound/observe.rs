@@ -16,7 +16,9 @@ use crate::naming::{BOUND_TO_POD_ANNOTATION, WAITING_SINCE_ANNOTATION};
 /// When the controller first saw a claim wait for pod `pod` ([`WAITING_SINCE_ANNOTATION`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Waiting {
+    /// The pod it waits for.
     pub pod: String,
+    /// When it was first seen waiting.
     pub since: Timestamp,
 }
 
@@ -40,14 +42,19 @@ impl Waiting {
 /// Facts about one claim.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimFacts {
+    /// The claim's namespace.
     pub namespace: String,
+    /// The claim's name.
     pub name: String,
+    /// The claim's UID.
     pub uid: String,
+    /// The claim's resourceVersion (the owner patch tests it).
     pub resource_version: String,
     /// The pod named by the annotation (`None`: not opted in; empty: opted in without a name).
     pub pod: Option<String>,
     /// When the controller first saw the claim wait for a pod of this name, as it recorded it.
     pub waiting: Option<Waiting>,
+    /// The claim is being deleted.
     pub deleting: bool,
     /// Its ownerReferences as (kind, name, uid).
     pub owners: Vec<(String, String, String)>,
@@ -71,13 +78,16 @@ impl ClaimFacts {
 /// A pod by name and UID (an owner to add).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodRef {
+    /// The pod's name.
     pub name: String,
+    /// The pod's UID.
     pub uid: String,
 }
 
 /// The pod the annotation names, as a read found it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NamedPod {
+    /// The pod's UID.
     pub uid: String,
     /// Owned by a StatefulSet: its claims are the scale-down controller's business.
     pub stateful: bool,
@@ -86,7 +96,9 @@ pub struct NamedPod {
 /// What a read of the claim's pods and StatefulSets showed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PodRead {
+    /// Not read yet: the plan asks for a read.
     NotRead,
+    /// Read, from the caches or live (see [`Fresh`]).
     Read {
         /// The pod of the annotated name, if one exists.
         named: Option<NamedPod>,
@@ -97,6 +109,7 @@ pub enum PodRead {
     },
 }
 
+/// The facts of `claim`, from its metadata alone.
 pub fn observe(claim: &PartialObjectMeta<PersistentVolumeClaim>) -> ClaimFacts {
     ClaimFacts {
         namespace: claim.namespace().unwrap_or_default(),

@@ -22,7 +22,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
-use super::act::Binder;
+use super::act::Actor;
 use super::decide::{Plan, decide};
 use super::observe::{ClaimFacts, Fresh, PodRead, observe, read_pods};
 use crate::caches::{Caches, Claim, candidate_sets, makes_claim};
@@ -35,24 +35,30 @@ const WAIT_POLL: Duration = Duration::from_secs(5);
 /// A refused or in-use claim is looked at again after this long.
 const REFUSED_RECHECK: Duration = Duration::from_secs(60);
 
+/// What every pass over a claim shares.
 pub struct Context {
+    /// The client of the live reads.
     pub client: Client,
     /// The shared caches: pods and StatefulSets are read from them.
     pub caches: Caches,
     /// The claims (the shared ones, in the kube store the Controller reads from).
     pub claims: Store<Claim>,
-    pub binder: Binder,
+    /// The writer.
+    pub actor: Actor,
+    /// How long a claim waits for its pod to appear (`--pod-bound-grace`).
     pub grace: Duration,
+    /// Whether this process leads.
     pub leadership: Arc<Leadership>,
     /// Times, backs off and reports every pass.
     pub runner: Runner<Claim>,
 }
 
 impl Context {
+    /// The context from its parts.
     pub fn new(
         client: Client,
         (caches, claims): (Caches, Store<Claim>),
-        binder: Binder,
+        actor: Actor,
         grace: Duration,
         leadership: Arc<Leadership>,
         runner: Runner<Claim>,
@@ -61,7 +67,7 @@ impl Context {
             client,
             caches,
             claims,
-            binder,
+            actor,
             grace,
             leadership,
             runner,
@@ -85,22 +91,22 @@ impl Context {
         match plan {
             Plan::Skip | Plan::ReadPods => Ok(Action::await_change()),
             Plan::Attach(pods) => {
-                self.binder.attach(&facts, &pods).await?;
+                self.actor.attach(&facts, &pods).await?;
                 Ok(Action::await_change())
             }
             Plan::Delete => {
-                self.binder.delete(&facts).await?;
+                self.actor.delete(&facts).await?;
                 Ok(Action::await_change())
             }
             Plan::Record(waiting) => {
                 // The record's own change wakes the claim again; the poll is the fallback.
-                self.binder.record(&facts, &waiting).await?;
+                self.actor.record(&facts, &waiting).await?;
                 Ok(Action::requeue(WAIT_POLL))
             }
             Plan::Wait(left) => Ok(Action::requeue(left.min(WAIT_POLL))),
             Plan::Refuse(reason, note) => {
                 // Reported once per claim and note (the reporter remembers it, until the claim goes).
-                self.binder.refuse(&facts, reason, note).await;
+                self.actor.refuse(&facts, reason, note).await;
                 Ok(Action::requeue(REFUSED_RECHECK))
             }
         }
@@ -168,6 +174,7 @@ pub async fn reconcile(claim: Arc<Claim>, ctx: Arc<Context>) -> Result<Action> {
     ctx.runner.run(&claim, ctx.pass(&claim)).await
 }
 
+/// The error policy handed to kube's Controller: look again when the backoff is over.
 pub fn error_policy(claim: Arc<Claim>, _err: &Error, ctx: Arc<Context>) -> Action {
     ctx.runner.error_policy(&claim)
 }

@@ -25,7 +25,8 @@ use crate::metrics::Metrics;
 use crate::reason::Reason;
 use crate::report::{Outcome, Reporter};
 
-pub struct Releaser {
+/// The releaser's writer: the guarded patches of the plan, the scrub's claim and pod, and the reports.
+pub struct Actor {
     client: Client,
     reporter: Arc<Reporter>,
     metrics: Arc<Metrics>,
@@ -36,14 +37,15 @@ pub struct Releaser {
     created: Mutex<HashMap<String, String>>,
 }
 
-impl Releaser {
+impl Actor {
+    /// A writer through `client`, reporting through `reporter`, that writes only while `leadership` allows.
     pub fn new(
         client: Client,
         reporter: Arc<Reporter>,
         metrics: Arc<Metrics>,
         leadership: Arc<Leadership>,
     ) -> Self {
-        Releaser {
+        Actor {
             client,
             reporter,
             metrics,

@@ -16,7 +16,6 @@
 //! breaks while a scrub waits for its pod fails that scrub, as a failed pod would.
 
 use super::observe::{ClaimRead, PvFacts, ScrubPod, ScrubTemplate};
-use super::scrub;
 use super::scrub::Scrub;
 
 /// What to do about one PV.
@@ -27,29 +26,46 @@ pub enum Plan {
     /// Read the claim named by `claimRef` from the API server, then decide again.
     ReadClaim,
     /// Remove `spec.claimRef` (and our scrub record), if it still names the claim with this UID.
-    Release { claim_uid: String },
+    Release {
+        /// The UID `claimRef` must still name.
+        claim_uid: String,
+    },
     /// Create the temporary claim in `namespace` and hand the PV to it, if `claimRef` still names
     /// `claim_uid`.
     StartScrub {
+        /// The UID `claimRef` must still name.
         claim_uid: String,
+        /// The scrub namespace.
         namespace: String,
     },
     /// Create `pod` (the scrub pod, rendered) on the temporary claim with this UID in `namespace`.
     CreateScrubPod {
+        /// The temporary claim's UID.
         temp_uid: String,
+        /// The scrub namespace.
         namespace: String,
+        /// The scrub pod to create.
         pod: serde_json::Value,
     },
     /// Record the outcome (the pod succeeded, or failed with this reason), delete the pod (by its
     /// UID, if there is one) and the temporary claim.
     FinishScrub {
+        /// The temporary claim's UID.
         temp_uid: String,
+        /// Why the scrub failed (`None`: it succeeded).
         failed: Option<String>,
+        /// The scrub namespace.
         namespace: String,
+        /// The scrub pod's UID, if it is still there.
         pod_uid: Option<String>,
     },
     /// Delete the temporary claim (its scrub is over).
-    DeleteTemp { temp_uid: String, namespace: String },
+    DeleteTemp {
+        /// The temporary claim's UID.
+        temp_uid: String,
+        /// The scrub namespace.
+        namespace: String,
+    },
     /// The class asks for a scrub that cannot run; nothing is written (reported once per cause).
     ScrubBlocked(Blocked),
 }
@@ -64,8 +80,11 @@ pub enum Blocked {
     /// A claim of the temporary claim's name exists that this releaser did not create (or created
     /// in an earlier process, and never recorded on the PV): the PV is not handed to it.
     ClaimTaken {
+        /// The claim's namespace.
         namespace: String,
+        /// The claim's name.
         name: String,
+        /// The claim's UID.
         uid: String,
     },
 }
@@ -138,6 +157,7 @@ pub enum Skip {
     Rebound,
 }
 
+/// The plan for `pv`, for the releaser with this `id`.
 pub fn decide(pv: &PvFacts, id: &str) -> Plan {
     let skip = if pv.class_id.as_deref() != Some(id) {
         Some(Skip::NotOurs)
@@ -214,7 +234,7 @@ fn scrubbing(pv: &PvFacts, scrub: &Scrub) -> Plan {
         }
         (Scrub::Running(_), ScrubPod::Missing) if bound => match &pv.scrub_template {
             ScrubTemplate::Pod(template) => in_scrub_ns(pv, |namespace| Plan::CreateScrubPod {
-                pod: scrub::render(template, &pv.name, &namespace),
+                pod: crate::template::scrub::render(template, &pv.name, &namespace),
                 temp_uid: temp_uid.clone(),
                 namespace,
             }),

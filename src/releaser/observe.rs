@@ -7,7 +7,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use serde_json::Value;
 
-use super::scrub::{self, Scrub};
+use super::scrub::Scrub;
 use crate::naming::{CONTROLLER_ID_ANNOTATION, SCRUB_STATE_ANNOTATION, SCRUB_TEMPLATE_ANNOTATION};
 
 /// The scrub pod of a PV, as the scrub-pod cache shows it.
@@ -18,9 +18,17 @@ pub enum ScrubPod {
     /// Pending or Running.
     Busy,
     /// Succeeded; the pod's UID (its deletion's precondition).
-    Succeeded { uid: String },
+    Succeeded {
+        /// The pod's UID.
+        uid: String,
+    },
     /// Failed, with the reason to report.
-    Failed { uid: String, reason: String },
+    Failed {
+        /// The pod's UID.
+        uid: String,
+        /// Why it failed.
+        reason: String,
+    },
 }
 
 /// The scrub its StorageClass asks for.
@@ -28,7 +36,7 @@ pub enum ScrubPod {
 pub enum ScrubTemplate {
     /// No scrub template (or an empty one): the PV is released without a scrub.
     Absent,
-    /// A template that makes a scrub pod ([`scrub::check`]ed, not yet rendered for the PV).
+    /// A template that makes a scrub pod ([`crate::template::scrub::check`]ed, not yet rendered for the PV).
     Pod(Value),
     /// A template that cannot make a scrub pod: why.
     Invalid(String),
@@ -37,7 +45,9 @@ pub enum ScrubTemplate {
 /// Facts about one PV.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PvFacts {
+    /// The PV's name.
     pub name: String,
+    /// The PV's UID.
     pub uid: String,
     /// `status.phase` (empty when not reported yet).
     pub phase: String,
@@ -47,7 +57,9 @@ pub struct PvFacts {
     pub class: String,
     /// The controller id on its StorageClass (`None`: no class, the class is gone, or no annotation).
     pub class_id: Option<String>,
+    /// `spec.claimRef`, if set.
     pub claim_ref: Option<ClaimRef>,
+    /// The PV is being deleted.
     pub deleting: bool,
     /// What a live read of the claim in `claim_ref` showed.
     pub claim: ClaimRead,
@@ -57,13 +69,16 @@ pub struct PvFacts {
     pub scrub_ns: Option<String>,
     /// The scrub recorded on the PV.
     pub scrub: Option<Scrub>,
+    /// Its scrub pod, as the scrub-pod cache shows it.
     pub scrub_pod: ScrubPod,
 }
 
 /// The claim a PV names in `spec.claimRef`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimRef {
+    /// The claim's namespace.
     pub namespace: String,
+    /// The claim's name.
     pub name: String,
     /// Empty when the PV is only pre-bound by name.
     pub uid: String,
@@ -81,7 +96,10 @@ pub enum ClaimRead {
     /// Not read (facts from the caches only).
     NotRead,
     /// A claim of that name exists, with this UID.
-    Exists { uid: String },
+    Exists {
+        /// The claim's UID.
+        uid: String,
+    },
     /// No claim of that name.
     Gone,
 }
@@ -134,7 +152,7 @@ pub fn scrub_template(class: Option<&StorageClass>) -> ScrubTemplate {
     let raw = class.and_then(|c| c.annotations().get(SCRUB_TEMPLATE_ANNOTATION));
     match raw.filter(|t| !t.trim().is_empty()) {
         None => ScrubTemplate::Absent,
-        Some(raw) => match scrub::check(raw) {
+        Some(raw) => match crate::template::scrub::check(raw) {
             Ok(pod) => ScrubTemplate::Pod(pod),
             Err(why) => ScrubTemplate::Invalid(why),
         },

@@ -12,7 +12,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tracing::debug;
 
-use super::act::Releaser;
+use super::act::Actor;
 use super::decide::{Plan, decide};
 use super::observe::{ClaimRead, ClaimRef, observe};
 use super::scrub;
@@ -23,8 +23,11 @@ use crate::pass::Runner;
 /// Every PV is looked at again after this long even without a change.
 const RESYNC: Duration = Duration::from_secs(300);
 
+/// What every pass over a PV shares.
 pub struct Context {
+    /// The client of the live reads.
     pub client: Client,
+    /// The StorageClass cache.
     pub classes: Store<StorageClass>,
     /// Scrub pods (label `reclaimable-pv-releaser.kubernetes.io/scrub-pv`) of `scrub_ns`.
     pub scrub_pods: Store<Pod>,
@@ -32,13 +35,16 @@ pub struct Context {
     pub scrub_ns: Option<String>,
     /// This releaser's id (`--pv-releaser-id`).
     pub id: String,
-    pub releaser: Releaser,
+    /// The writer.
+    pub actor: Actor,
+    /// Whether this process leads.
     pub leadership: Arc<Leadership>,
     /// Times, backs off and reports every pass.
     pub runner: Runner<PersistentVolume>,
 }
 
 impl Context {
+    /// The context from its parts.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: Client,
@@ -46,7 +52,7 @@ impl Context {
         scrub_pods: Store<Pod>,
         scrub_ns: Option<String>,
         id: String,
-        releaser: Releaser,
+        actor: Actor,
         leadership: Arc<Leadership>,
         runner: Runner<PersistentVolume>,
     ) -> Self {
@@ -56,7 +62,7 @@ impl Context {
             scrub_pods,
             scrub_ns,
             id,
-            releaser,
+            actor,
             leadership,
             runner,
         }
@@ -82,7 +88,7 @@ impl Context {
             plan = decide(&facts, &self.id);
         }
         debug!(pv = %facts.name, ?plan, "decided");
-        self.releaser.act(pv, &facts, plan).await?;
+        self.actor.act(pv, &facts, plan).await?;
         Ok(Action::requeue(RESYNC))
     }
 
@@ -114,6 +120,7 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
     ctx.runner.run(&pv, ctx.pass(&pv)).await
 }
 
+/// The error policy handed to kube's Controller: look again when the backoff is over.
 pub fn error_policy(pv: Arc<PersistentVolume>, _err: &Error, ctx: Arc<Context>) -> Action {
     ctx.runner.error_policy(&pv)
 }

@@ -1,11 +1,11 @@
-//! The scrub pod and the temporary claim of a PV, built from the StorageClass's scrub template.
-//! Pure: names, objects and the JSON patches that hand a PV to its scrub; the writes are in `act`.
+//! The scrub of a PV: its state recorded on the PV, the temporary claim, and the JSON patches that
+//! hand a PV to its scrub and release it. Pure; the scrub pod itself is rendered by
+//! `crate::template::scrub`, the writes are in `act`.
 
 use k8s_openapi::api::core::v1::PersistentVolume;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::naming::{SCRUB_PV_LABEL, SCRUB_STATE_ANNOTATION};
-use crate::template::decode;
 
 /// Where the scrub of a PV stands, from the PV's own annotation (only the releaser writes PVs'
 /// annotations it reads; PVs are cluster objects).
@@ -20,6 +20,7 @@ pub enum Scrub {
 }
 
 impl Scrub {
+    /// `<state>:<uid>` as [`Scrub::format`] writes it; `None` for anything else.
     pub fn parse(raw: &str) -> Option<Scrub> {
         let (state, uid) = raw.split_once(':')?;
         let uid = uid.to_string();
@@ -31,6 +32,7 @@ impl Scrub {
         }
     }
 
+    /// The annotation's value: `running:<uid>`, `scrubbed:<uid>` or `failed:<uid>`.
     pub fn format(&self) -> String {
         match self {
             Scrub::Running(u) => format!("running:{u}"),
@@ -39,6 +41,7 @@ impl Scrub {
         }
     }
 
+    /// The UID of the temporary claim.
     pub fn temp_uid(&self) -> &str {
         match self {
             Scrub::Running(u) | Scrub::Scrubbed(u) | Scrub::Failed(u) => u,
@@ -47,11 +50,7 @@ impl Scrub {
 }
 
 /// Name of the scrub pod and of the temporary claim of `pv`.
-pub fn name(pv: &str) -> String {
-    let mut name = format!("scrub-{pv}");
-    name.truncate(253);
-    name
-}
+pub use crate::naming::scrub_name as name;
 
 /// The temporary claim that takes `pv` over: same class, modes and size, bound by `volumeName`.
 pub fn temp_claim(pv: &PersistentVolume, namespace: &str) -> Value {
@@ -74,62 +73,6 @@ pub fn temp_claim(pv: &PersistentVolume, namespace: &str) -> Value {
                  "volumeName": pv_name,
                  "resources": {"requests": {"storage": size}}}
     })
-}
-
-/// The scrub template checked (under the template parser's budgets): JSON or YAML of a pod with
-/// containers that does not define volume `data`. The error says why it cannot make a scrub pod.
-pub fn check(template: &str) -> Result<Value, String> {
-    let pod = decode::decode(template).map_err(|e| e.to_string())?;
-    if !pod.is_object() {
-        return Err("the scrub template is not a pod".into());
-    }
-    let typed: k8s_openapi::api::core::v1::Pod =
-        serde_json::from_value(pod.clone()).map_err(|e| e.to_string())?;
-    let spec = typed.spec.ok_or("the scrub template has no spec")?;
-    if spec.containers.is_empty() {
-        return Err("the scrub template has no containers".into());
-    }
-    if spec.volumes.iter().flatten().any(|v| v.name == "data") {
-        return Err("the scrub template must not define volume `data` (it is the PV)".into());
-    }
-    Ok(pod)
-}
-
-/// The scrub pod of `pv` from a template that passed [`check`]: the template's pod with our name,
-/// namespace, label and annotation, restartPolicy `Never` unless it sets one, and the temporary
-/// claim mounted as volume `data`.
-pub fn render(template: &Value, pv: &str, namespace: &str) -> Value {
-    let mut pod = match template {
-        Value::Object(map) => map.clone(),
-        _ => Map::new(),
-    };
-    let meta = object(&mut pod, "metadata");
-    meta.insert("name".into(), json!(name(pv)));
-    meta.insert("namespace".into(), json!(namespace));
-    object(meta, "labels").insert(SCRUB_PV_LABEL.into(), json!("true"));
-    object(meta, "annotations").insert(SCRUB_PV_LABEL.into(), json!(pv));
-    let spec = object(&mut pod, "spec");
-    spec.entry("restartPolicy").or_insert(json!("Never"));
-    let volumes = spec.entry("volumes").or_insert(json!([]));
-    if !volumes.is_array() {
-        *volumes = json!([]);
-    }
-    if let Value::Array(list) = volumes {
-        list.push(json!({"name": "data", "persistentVolumeClaim": {"claimName": name(pv)}}));
-    }
-    Value::Object(pod)
-}
-
-/// `map[key]` as an object, made one if it is missing or not an object.
-fn object<'a>(map: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
-    let slot = map.entry(key).or_insert_with(|| json!({}));
-    if !slot.is_object() {
-        *slot = json!({});
-    }
-    match slot {
-        Value::Object(m) => m,
-        _ => unreachable!("made an object above"),
-    }
 }
 
 fn annotation_path() -> String {
@@ -182,30 +125,6 @@ pub fn release(claim_uid: &str, recorded: bool) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_scrub_pod_mounts_the_temporary_claim_and_keeps_the_template() {
-        let template = r#"{"metadata":{"labels":{"app":"wipe"}},
-            "spec":{"containers":[{"name":"wipe","image":"busybox",
-                    "volumeMounts":[{"name":"data","mountPath":"/data"}]}]}}"#;
-        let p = render(&check(template).expect("a pod"), "pv-1", "ops");
-        assert_eq!(p["metadata"]["name"], "scrub-pv-1");
-        assert_eq!(p["metadata"]["namespace"], "ops");
-        assert_eq!(p["metadata"]["labels"]["app"], "wipe");
-        assert_eq!(p["metadata"]["labels"][SCRUB_PV_LABEL], "true");
-        assert_eq!(p["metadata"]["annotations"][SCRUB_PV_LABEL], "pv-1");
-        assert_eq!(p["spec"]["restartPolicy"], "Never");
-        assert_eq!(
-            p["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
-            "scrub-pv-1"
-        );
-        let clash = r#"{"spec":{"containers":[{"name":"a","image":"b"}],"volumes":[{"name":"data","emptyDir":{}}]}}"#;
-        assert!(check(clash).is_err());
-        assert!(check(r#"{"spec":{"containers":[]}}"#).is_err());
-        assert!(check("[1, 2]").is_err());
-        assert!(check("{").is_err());
-        assert!(check(r#"{"metadata":{}}"#).is_err(), "no spec");
-    }
 
     #[test]
     fn the_hand_over_tests_the_old_claim_first() {

@@ -34,6 +34,7 @@ use crate::scaledown::observe::{Record, SetFacts, format_records};
 /// Field manager of every write we make.
 pub const FIELD_MANAGER: &str = "statefulset-scaledown-controller";
 
+/// The scale-down controller's writer: the steps of a plan, the record and release of new cleanup pods, the status annotations, and the reports.
 pub struct Actor {
     client: Client,
     reporter: Arc<Reporter>,
@@ -46,15 +47,20 @@ pub use crate::scaledown::observe::Created;
 /// The API server refused to create the cleanup pod of `ordinal`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal {
+    /// The ordinal whose cleanup pod was refused.
     pub ordinal: u32,
+    /// The HTTP status code of the refusal.
     pub code: u16,
+    /// The API server's message.
     pub message: String,
 }
 
 /// What carrying out a plan did, beyond the writes themselves.
 #[derive(Debug, Default)]
 pub struct Done {
+    /// The cleanup pods created (gated), waiting for their verdict.
     pub created: Vec<Created>,
+    /// The creations the API server refused.
     pub refused: Vec<Refusal>,
     /// The plan's status change rode in its finalizer patch: `Some(true)` written, `Some(false)`
     /// the patch raced a change (the next pass decides again); `None` no finalizer patch was sent.
@@ -81,6 +87,7 @@ enum Creation {
 }
 
 impl Actor {
+    /// A writer through `client`, reporting through `reporter`, that writes only while `leadership` allows.
     pub fn new(
         client: Client,
         reporter: Arc<Reporter>,

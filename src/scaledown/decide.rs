@@ -170,6 +170,7 @@ struct Scan<'a> {
     claims_left: bool,
 }
 
+/// The plan for one StatefulSet, from its facts and the flags' policy. Pure: same facts, same plan.
 pub fn decide(o: &Observed, policy: &Policy) -> Plan {
     let mut plan = Plan::default();
     add_finalizer(&o.set, &mut plan);

@@ -35,14 +35,20 @@ use crate::scaledown::watch::Slice;
 /// An object a delete of ours removed (or found gone), by kind, name and UID.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Gone {
+    /// Claim or pod.
     pub kind: GoneKind,
+    /// Its name.
     pub name: String,
+    /// Its UID.
     pub uid: String,
 }
 
+/// The kinds of object a delete of ours removes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GoneKind {
+    /// A claim.
     Claim,
+    /// A pod (cleanup or stateful).
     Pod,
 }
 
@@ -82,8 +88,11 @@ pub struct Expectations {
 /// A next-attempt mark this process wrote on a claim (`attempt: None`: the mark removed).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mark {
+    /// The claim's name.
     pub claim: String,
+    /// The claim's UID.
     pub uid: String,
+    /// The attempt written (`None`: the mark removed).
     pub attempt: Option<u32>,
 }
 
@@ -97,8 +106,11 @@ struct Marked {
 /// What a cache shows of one object: its UID, whether it is being deleted, and (claims) its
 /// next-attempt mark as written.
 pub struct Shown {
+    /// Its UID.
     pub uid: String,
+    /// It is being deleted.
     pub deleting: bool,
+    /// Its next-attempt mark, raw (claims only).
     pub mark: Option<String>,
 }
 
@@ -169,10 +181,12 @@ impl Expectations {
             .map(|m| m.attempt)
     }
 
+    /// How many deletes and marks are expected.
     pub fn len(&self) -> usize {
         self.gone.values().map(HashMap::len).sum::<usize>() + self.marks.len()
     }
 
+    /// Whether none is.
     pub fn is_empty(&self) -> bool {
         self.gone.is_empty() && self.marks.is_empty()
     }

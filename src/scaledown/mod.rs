@@ -17,11 +17,10 @@ pub mod watch;
 
 use std::sync::Arc;
 
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use kube::Client;
 use kube::runtime::controller::{self, Controller};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
 
 use crate::caches::Caches;
 use crate::cli::Args;
@@ -76,7 +75,7 @@ pub fn controller(
     } = watches;
     let cached_sets = stores.sets.clone();
     let waking = ctx.clone();
-    Controller::for_shared_stream(caches.set_changes(), stores.sets)
+    let passes = Controller::for_shared_stream(caches.set_changes(), stores.sets)
         .with_config(controller::Config::default().concurrency(concurrency))
         // The watches never yield errors; should one ever reach the Controller, retry soon.
         .trigger_backoff(WatchBackoff::default())
@@ -89,20 +88,14 @@ pub fn controller(
             let mut sets: Vec<_> = watch::set_of_pod(&pod).into_iter().collect();
             sets.extend(waking.wake_for_room());
             sets
-        })
-        // A new leader looks at every set at once instead of waiting for the resync.
-        .reconcile_all_on(became_leader)
-        .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            match result {
-                Ok((set, _)) => debug!(set = %set.name, "reconciled"),
-                // Already logged and counted by error_policy.
-                Err(controller::Error::ReconcilerFailed(..)) => {}
-                Err(controller::Error::ObjectNotFound(set)) => {
-                    debug!(set = %set.name, "gone before its reconcile")
-                }
-                Err(e) => warn!(error = %e, "watch or queue error"),
-            }
-        })
+        });
+    // A new leader looks at every set at once instead of waiting for the resync.
+    pass::run_controller(
+        passes,
+        crate::naming::Controller::Scaledown,
+        (reconcile, error_policy),
+        ctx,
+        became_leader,
+        stop,
+    )
 }

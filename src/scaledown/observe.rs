@@ -20,6 +20,7 @@ use crate::naming;
 /// Everything `decide` may look at for one StatefulSet.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Observed {
+    /// The set's own facts.
     pub set: SetFacts,
     /// Every ordinal that has a claim of this set, a pod named after it, or a cleanup pod of it.
     pub ordinals: BTreeMap<u32, OrdinalFacts>,
@@ -29,6 +30,7 @@ pub struct Observed {
     pub rejections: BTreeMap<u32, Rejection>,
     /// Where the set's facts come from: dangerous steps are only planned from a live read.
     pub read: SetRead,
+    /// The time the pass decides at.
     pub now: Timestamp,
 }
 
@@ -48,9 +50,13 @@ pub enum SetRead {
 /// size, server error): how often in a row, the last time, and its message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rejection {
+    /// Refusals in a row.
     pub count: u32,
+    /// When the last one came.
     pub last: Timestamp,
+    /// Its HTTP status code.
     pub code: u16,
+    /// Its message.
     pub message: String,
 }
 
@@ -58,7 +64,9 @@ pub struct Rejection {
 /// of the pod it created and confirmed, and the claims (name -> UID) that pod was created for.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Record {
+    /// The UID of the cleanup pod.
     pub pod: String,
+    /// The claims it was created for (name -> UID).
     #[serde(default)]
     pub claims: BTreeMap<String, String>,
 }
@@ -66,10 +74,15 @@ pub struct Record {
 /// A cleanup pod created (gated) in this pass, waiting for its verdict.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Created {
+    /// The ordinal it cleans up.
     pub ordinal: u32,
+    /// The pod's name.
     pub name: String,
+    /// The pod's UID.
     pub uid: String,
+    /// Which attempt (1 for the first).
     pub attempt: u32,
+    /// The claims it mounts (name -> UID).
     pub claims: BTreeMap<String, String>,
 }
 
@@ -95,27 +108,38 @@ pub fn format_records(records: &BTreeMap<u32, Record>) -> String {
     serde_json::to_string(&by_name).unwrap_or_else(|_| "{}".into())
 }
 
+/// Facts about the StatefulSet itself: identity, our annotations, its spec and status.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SetFacts {
+    /// The set's namespace.
     pub namespace: String,
+    /// The set's name.
     pub name: String,
+    /// The set's UID.
     pub uid: String,
+    /// The set's resourceVersion.
     pub resource_version: String,
     /// `metadata.generation`: changes with every spec change (the confirmation's compare-and-swap).
     pub generation: i64,
     /// The record annotation, raw (to compare-and-swap it) and parsed.
     pub record_raw: Option<String>,
+    /// The record, parsed (ordinal -> record).
     pub records: BTreeMap<u32, Record>,
+    /// `metadata.finalizers`.
     pub finalizers: Vec<String>,
+    /// The set is being deleted.
     pub deleting: bool,
     /// Our deletion mark ([`naming::DELETION_ANNOTATION`]), raw.
     pub deletion_mark: Option<String>,
     /// The template annotation, when present and not blank.
     pub template: Option<String>,
+    /// The names of its volumeClaimTemplates, in order.
     pub claim_templates: Vec<String>,
+    /// `spec.selector`.
     pub selector: Option<LabelSelector>,
     /// `spec.selector.matchLabels`: the StatefulSet controller puts them on every claim it makes.
     pub match_labels: BTreeMap<String, String>,
+    /// `spec.replicas`.
     pub replicas: u32,
     /// `spec.ordinals.start`.
     pub start: u32,
@@ -133,6 +157,7 @@ pub struct SetFacts {
     pub paused: bool,
     /// Our status annotations as last written (the status, and its reason).
     pub status: Option<String>,
+    /// The reason annotation as last written.
     pub status_reason: Option<String>,
     /// The inherit annotation, raw (`decide` reads it with the flag).
     pub inherit: Option<String>,
@@ -143,6 +168,7 @@ pub struct SetFacts {
 }
 
 impl SetFacts {
+    /// Whether the set carries our finalizer.
     pub fn has_finalizer(&self) -> bool {
         self.finalizers.iter().any(|f| f == naming::FINALIZER)
     }
@@ -171,6 +197,7 @@ impl SetFacts {
     }
 }
 
+/// Facts about one ordinal of the set: its claims and its pod.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OrdinalFacts {
     /// The claims of this ordinal that exist, in claim-template order.
@@ -181,11 +208,16 @@ pub struct OrdinalFacts {
     pub terminating_since: Option<Timestamp>,
 }
 
+/// Facts about one claim of an ordinal.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClaimFacts {
+    /// The claim template it was made from.
     pub template: String,
+    /// The claim's name.
     pub name: String,
+    /// The claim's UID.
     pub uid: String,
+    /// The claim is being deleted.
     pub deleting: bool,
     /// Our retry bookkeeping: the attempt to create next, set before a failed pod is deleted.
     pub next_attempt: Option<u32>,
@@ -203,14 +235,20 @@ impl ClaimFacts {
     }
 }
 
+/// Facts about the pod named after an ordinal.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PodFacts {
+    /// The pod's name.
     pub name: String,
+    /// The pod's UID.
     pub uid: String,
+    /// The pod is being deleted.
     pub deleting: bool,
+    /// Whose pod it is.
     pub role: PodRole,
 }
 
+/// Whose pod a pod named after an ordinal is.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PodRole {
     /// A pod of the StatefulSet (its controller ownerReference is this set).
@@ -222,22 +260,28 @@ pub enum PodRole {
     /// never confirmed. `gated`: it still carries our confirm gate, so it never ran. `created`: when
     /// (a fresh gated one may be another writer's, about to be recorded).
     Unproven {
+        /// It still carries our confirm gate.
         gated: bool,
+        /// When it was created.
         created: Option<Timestamp>,
     },
     /// Neither: somebody else's pod, or a stateful pod orphaned by `--cascade=orphan`.
     Foreign,
 }
 
+/// Facts about a cleanup pod of ours.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CleanupFacts {
+    /// The pod's phase.
     pub phase: Phase,
+    /// Which attempt (1 for the first).
     pub attempt: u32,
     /// The claims the pod was created for (name -> UID), from our record on the set, never from
     /// the pod, whose annotations anyone who may edit pods can change.
     pub claims: BTreeMap<String, String>,
     /// It still carries our confirm gate (recorded but not yet released: a crash in between).
     pub gated: bool,
+    /// How it failed, when it did.
     pub failure: Option<Failure>,
     /// When the pod was created (for the cleanup duration metric and the pending timeout).
     pub created: Option<Timestamp>,
@@ -256,24 +300,35 @@ pub struct Restarts {
     pub count: u32,
     /// The container whose last run failed, and how (`lastState.terminated`).
     pub container: String,
+    /// The reason of its last failed run.
     pub reason: String,
+    /// The exit code of its last failed run.
     pub exit_code: i32,
 }
 
+/// A cleanup pod's `status.phase`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
+    /// Not running yet (gated, unscheduled, pulling).
     Pending,
+    /// Running.
     Running,
+    /// Every container exited 0.
     Succeeded,
+    /// A container failed and is not restarted.
     Failed,
+    /// No phase, or one we do not know.
     Unknown,
 }
 
+/// How a cleanup pod failed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Failure {
     /// The pod's or the failed container's reason, e.g. `Error`, `DeadlineExceeded`.
     pub reason: String,
+    /// The failed container's exit code.
     pub exit_code: Option<i32>,
+    /// When it finished.
     pub finished_at: Option<Timestamp>,
     /// The failed container's termination message (`terminationMessagePath`, or the tail of its
     /// log under `terminationMessagePolicy: FallbackToLogsOnError`), as [`said`] shortens it.
@@ -304,14 +359,19 @@ pub fn said(message: &str) -> Option<String> {
 pub struct Sources<'a> {
     /// StatefulSets of the namespace (for claim names that fit two sets).
     pub sets: &'a [Arc<StatefulSet>],
+    /// Claims of the namespace (metadata).
     pub claims: &'a [Arc<PartialObjectMeta<PersistentVolumeClaim>>],
     /// Pods, pruned to what we read (see `caches::prune_pod`): names, owners, claim volumes, phase.
     pub pods: &'a [Arc<Pod>],
     /// Full cleanup pods (label `scaledown-pod`), for their failure details.
     pub cleanup_pods: &'a [Arc<Pod>],
+    /// Cleanup pods in flight across everything watched.
     pub cleanups_in_flight: usize,
+    /// Refused creations per ordinal (this process's memory).
     pub rejections: BTreeMap<u32, Rejection>,
+    /// Where the set's facts come from.
     pub read: SetRead,
+    /// The time the pass decides at.
     pub now: Timestamp,
 }
 
@@ -633,6 +693,7 @@ pub fn looks_like_cleanup(pod: &Pod) -> bool {
             .is_some_and(|v| !v.is_empty())
 }
 
+/// Whether `pod` still carries our confirm gate ([`naming::CONFIRM_GATE`]).
 pub fn has_confirm_gate(pod: &Pod) -> bool {
     pod.spec
         .iter()
@@ -791,55 +852,4 @@ pub fn unmanaged_orphans(
 }
 
 #[cfg(test)]
-mod tables;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-    use std::sync::Arc;
-
-    fn set(ns: &str, name: &str, replicas: i32, annotated: bool) -> Arc<StatefulSet> {
-        let mut value = serde_json::json!({
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"replicas": replicas, "selector": {}, "template": {},
-                     "volumeClaimTemplates": [{"metadata": {"name": "data"}}]}
-        });
-        if annotated {
-            value["metadata"]["annotations"] =
-                serde_json::json!({naming::TEMPLATE_ANNOTATION: "{}"});
-        }
-        Arc::new(serde_json::from_value(value).expect("statefulset"))
-    }
-
-    fn claim(ns: &str, name: &str) -> Arc<PartialObjectMeta<PersistentVolumeClaim>> {
-        Arc::new(PartialObjectMeta {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                namespace: Some(ns.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        })
-    }
-
-    #[test]
-    fn orphans_of_sets_that_did_not_opt_in_are_counted_per_namespace() {
-        let sets = [
-            set("a", "web", 1, false),
-            set("a", "db", 0, true),
-            set("b", "web", 2, false),
-        ];
-        let claims = [
-            claim("a", "data-web-0"),
-            claim("a", "data-web-1"),
-            claim("a", "data-web-5"),
-            claim("a", "data-db-0"),
-            claim("b", "data-web-1"),
-            claim("b", "data-web-2"),
-            claim("c", "data-web-9"),
-        ];
-        let counts = unmanaged_orphans(&sets, &claims);
-        assert_eq!(counts, [("a".to_string(), 2), ("b".to_string(), 1)].into());
-    }
-}
+mod tests;

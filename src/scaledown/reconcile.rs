@@ -57,12 +57,19 @@ enum Confirmed {
     Disagree,
 }
 
+/// What every pass over a StatefulSet shares: client, caches, policy, writer and the per-set memory.
 pub struct Context {
+    /// The client of the live reads.
     pub client: Client,
+    /// The caches.
     pub stores: Stores,
+    /// The rules' settings from the flags.
     pub policy: Policy,
+    /// The writer.
     pub actor: Actor,
+    /// Whether this process leads.
     pub leadership: Arc<crate::leader::Leadership>,
+    /// Every set is looked at again after this long (`--resync-period`).
     pub resync: Duration,
     /// Cleanup pods created by us that the cache may not show yet: (namespace, name) -> when.
     created: Mutex<HashMap<(String, String), Instant>>,
@@ -113,6 +120,7 @@ fn template_hash(set: &StatefulSet) -> u64 {
 }
 
 impl Context {
+    /// The context from its parts.
     pub fn new(
         client: Client,
         stores: Stores,
@@ -664,6 +672,7 @@ impl Context {
 
 /// The claims, pods and cleanup pods of a namespace, read from the API server just now.
 pub struct Listed {
+    /// The claims of the namespace (metadata).
     pub claims: Vec<Arc<kube::core::PartialObjectMeta<PersistentVolumeClaim>>>,
     /// Pruned as the pod cache is (`caches::prune_pod`).
     pub pods: Vec<Arc<Pod>>,

@@ -33,10 +33,12 @@ impl Waiting {
         woken
     }
 
+    /// How many sets wait for room.
     pub fn len(&self) -> usize {
         self.queue.len()
     }
 
+    /// Whether no set waits for room.
     pub fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }

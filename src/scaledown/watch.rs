@@ -25,15 +25,19 @@ use crate::naming;
 /// The caches a pass reads, shared by the controller and its readiness and metrics.
 #[derive(Clone)]
 pub struct Stores {
+    /// Every StatefulSet (the shared cache).
     pub sets: Store<StatefulSet>,
+    /// Every claim (metadata), indexed per namespace.
     pub claims: Index<Claim>,
     /// Every pod: pruned by `prune_pod` where observe reads more than its name, else by name only.
     pub pods: PodCache,
+    /// Cleanup pods in full (label `scaledown-pod`), for their failure details.
     pub cleanup_pods: Index<Pod>,
 }
 
 /// The caches, and the change stream of the one watch the scale-down controller has to itself.
 pub struct Watches {
+    /// The caches.
     pub stores: Stores,
     /// Cleanup pods as they change (the watch restores itself: it never yields an error).
     pub cleanup_pods: BoxStream<'static, watcher::Result<Pod>>,
@@ -77,9 +81,13 @@ impl Watches {
 /// What one pass over a set looks at, gathered from the caches: see [`Stores::slice`].
 #[derive(Default)]
 pub struct Slice {
+    /// The StatefulSets of the namespace whose names a claim name allows.
     pub sets: Vec<Arc<StatefulSet>>,
+    /// The set's claims.
     pub claims: Vec<Arc<Claim>>,
+    /// The set's pods, and the pods that mount its claims.
     pub pods: Vec<Arc<Pod>>,
+    /// The set's cleanup pods.
     pub cleanup_pods: Vec<Arc<Pod>>,
 }
 

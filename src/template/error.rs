@@ -6,29 +6,39 @@ use crate::reason::Reason;
 /// message is short (user text in it is clipped), so it fits an Event and a log line.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TemplateError {
+    /// Neither JSON nor YAML; the parser's words.
     #[error("the annotation is neither JSON nor YAML: {0}")]
     Unparseable(String),
+    /// Not a pod; why.
     #[error("the template is not a pod: {0}")]
     NotAPod(String),
     /// The policy, quoted and clipped.
     #[error("restartPolicy {0} is not allowed: use OnFailure (the default) or Never")]
     RestartPolicy(String),
+    /// The template's labels would be selected by the StatefulSet's selector.
     #[error(
         "the cleanup pod's labels {labels} match the StatefulSet's selector, so the StatefulSet controller would adopt and delete it"
     )]
-    SelectorOverlap { labels: String },
+    SelectorOverlap {
+        /// The template's labels, clipped.
+        labels: String,
+    },
     /// The volume name, quoted and clipped.
     #[error(
         "volume {0} has the name of a claim template but is not a persistentVolumeClaim volume"
     )]
     VolumeClash(String),
+    /// A field a cleanup pod must not set.
     #[error("field {0} may not be set in a cleanup pod template")]
     ForbiddenField(&'static str),
     /// The annotation, or the pod rendered from it, is over a size limit.
     #[error("{what} is {size} bytes, over the limit of {limit} bytes")]
     TooLarge {
+        /// What is too large.
         what: &'static str,
+        /// Its size in bytes.
         size: usize,
+        /// The limit in bytes.
         limit: usize,
     },
     /// The YAML is over one of the parser's limits (named in the message).

@@ -20,7 +20,9 @@ use crate::naming;
 /// What a StatefulSet's cleanup pod inherits, from its annotation and the flag.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Inherit {
+    /// Nothing: the template is used as written.
     Nothing,
+    /// The StatefulSet's scheduling fields (see [`keep_scheduling`]).
     Scheduling,
     /// The annotation holds a value we do not know (trimmed): nothing is inherited.
     Unknown(String),

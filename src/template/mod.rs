@@ -10,6 +10,7 @@ mod error;
 #[cfg(test)]
 mod fuzz;
 pub mod inherit;
+pub mod scrub;
 #[cfg(test)]
 mod tests;
 
@@ -38,10 +39,15 @@ pub struct CleanupTemplate {
 /// What the rendered pod is for: one ordinal of one StatefulSet, and the claims it mounts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target<'a> {
+    /// The StatefulSet's namespace.
     pub namespace: &'a str,
+    /// The StatefulSet's name.
     pub set: &'a str,
+    /// The ordinal cleaned up.
     pub ordinal: u32,
+    /// The StatefulSet's replicas.
     pub replicas: u32,
+    /// The attempt (1 for the first).
     pub attempt: u32,
     /// One entry per claim template, in template order: the template name and, when the claim
     /// exists and is not being deleted, its name and UID. A missing claim is mounted as an empty

@@ -69,7 +69,7 @@ pub async fn preflight(api: &Api<Pod>, templates: &[String]) -> Vec<String> {
 /// The cleanup template of set `name`, the `index`th of the phase.
 pub fn template(name: &str, index: usize, after: &str, rng: &mut Rng) -> String {
     let token = format!("{:08x}", rng.next_u64() as u32);
-    let keep = 1 + rng.below(30);
+    let keep = 1 + rng.index(30);
     match index % VARIANTS {
         0 => one_liner(name, after, &token),
         1 => here_doc(name, after, &token),

@@ -89,18 +89,15 @@ pub async fn run(p: &Params, seed: u64, controller_args: &[String]) -> Value {
     })
 }
 
-/// Creates the namespaces, the background pods and the sets (with their PVs).
-async fn populate(
+/// Creates `n` background pods ([`background_pod`]), spread over `namespaces`.
+pub async fn create_background_pods(
     cluster: &Cluster,
-    p: &Params,
+    namespaces: &[TestNamespace],
+    n: usize,
     rng: &mut Rng,
-) -> (Vec<TestNamespace>, Vec<TestNamespace>) {
-    let mut bg = Vec::new();
-    for i in 0..p.pod_namespaces {
-        bg.push(cluster.namespace(&format!("bench-bg-{i}")).await);
-    }
-    let pods: Vec<Pod> = (0..p.pods)
-        .map(|i| background_pod(i, &bg[i % bg.len().max(1)].name, rng))
+) {
+    let pods: Vec<Pod> = (0..n)
+        .map(|i| background_pod(i, &namespaces[i % namespaces.len().max(1)].name, rng))
         .collect();
     let client = cluster.client.clone();
     world::create_all(
@@ -113,6 +110,19 @@ async fn populate(
         pods,
     )
     .await;
+}
+
+/// Creates the namespaces, the background pods and the sets (with their PVs).
+async fn populate(
+    cluster: &Cluster,
+    p: &Params,
+    rng: &mut Rng,
+) -> (Vec<TestNamespace>, Vec<TestNamespace>) {
+    let mut bg = Vec::new();
+    for i in 0..p.pod_namespaces {
+        bg.push(cluster.namespace(&format!("bench-bg-{i}")).await);
+    }
+    create_background_pods(cluster, &bg, p.pods, rng).await;
     let mut sets = Vec::new();
     let per_ns = p.sets.div_ceil(p.set_namespaces.max(1));
     for i in 0..p.set_namespaces {
@@ -132,11 +142,11 @@ async fn populate(
 /// A background pod bound to a fake node, of a seeded shape (labels, annotations, env,
 /// containers): something like the pods of a real cluster, which the controller must watch.
 pub fn background_pod(i: usize, namespace: &str, rng: &mut Rng) -> Pod {
-    let labels: serde_json::Map<String, Value> = (0..2 + rng.below(5))
+    let labels: serde_json::Map<String, Value> = (0..2 + rng.index(5))
         .map(|k| {
             (
                 format!("label-{k}"),
-                json!(format!("value-{}", rng.below(1000))),
+                json!(format!("value-{}", rng.index(1000))),
             )
         })
         .chain([
@@ -144,21 +154,21 @@ pub fn background_pod(i: usize, namespace: &str, rng: &mut Rng) -> Pod {
             ("app".into(), json!(format!("app-{}", i % 97))),
         ])
         .collect();
-    let annotations: serde_json::Map<String, Value> = (0..rng.below(4))
+    let annotations: serde_json::Map<String, Value> = (0..rng.index(4))
         .map(|k| {
             (
                 format!("example.com/note-{k}"),
-                json!("x".repeat(32 + rng.below(224))),
+                json!("x".repeat(32 + rng.index(224))),
             )
         })
         .collect();
-    let containers: Vec<Value> = (0..1 + rng.below(2))
+    let containers: Vec<Value> = (0..1 + rng.index(2))
         .map(|c| {
-            let env: Vec<Value> = (0..rng.below(9))
+            let env: Vec<Value> = (0..rng.index(9))
                 .map(|e| json!({"name": format!("VAR_{e}"), "value": format!("{}", rng.next_u64())}))
                 .collect();
             json!({
-                "name": format!("c{c}"), "image": format!("registry.example.com/app:{}", rng.below(50)),
+                "name": format!("c{c}"), "image": format!("registry.example.com/app:{}", rng.index(50)),
                 "env": env, "ports": [{"containerPort": 8080 + c}],
                 "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
             })

@@ -134,20 +134,7 @@ async fn populate(
     timeout: Duration,
 ) -> bool {
     let mut rng = Rng::new(seed);
-    let pods: Vec<Pod> = (0..n)
-        .map(|i| idle::background_pod(i, &namespaces[i % namespaces.len()].name, &mut rng))
-        .collect();
-    let client = cluster.client.clone();
-    world::create_all(
-        |pod: &Pod| {
-            Api::namespaced(
-                client.clone(),
-                pod.namespace().as_deref().unwrap_or("default"),
-            )
-        },
-        pods,
-    )
-    .await;
+    idle::create_background_pods(cluster, namespaces, n, &mut rng).await;
     let recorder: Recorder<Pod> = Recorder::start(
         Api::all(cluster.client.clone()),
         watcher::Config::default().labels(idle::BACKGROUND),

@@ -20,30 +20,8 @@ use crate::support::{Reclaim, StaticPvs, TestNamespace, create_static_pvs_from};
 /// Requests the bench keeps in flight at once when it creates or patches in bulk.
 pub const IN_FLIGHT: usize = 32;
 
-/// SplitMix64: the seed alone decides the order of scale-downs and the shape of background pods.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n.max(1) as u64) as usize
-    }
-    /// Fisher-Yates.
-    pub fn shuffle<T>(&mut self, items: &mut [T]) {
-        for i in (1..items.len()).rev() {
-            items.swap(i, self.below(i + 1));
-        }
-    }
-}
+/// The seed alone decides the order of scale-downs and the shape of background pods.
+pub use crate::support::rng::Rng;
 
 /// `n` static PVs (Retain) in a class of `ns`, created [`IN_FLIGHT`] at a time.
 pub async fn static_pvs(ns: &TestNamespace, n: usize) -> StaticPvs {

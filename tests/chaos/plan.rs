@@ -4,38 +4,7 @@
 
 use std::fmt;
 
-/// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast, and its output for a seed never changes,
-/// which a crate's generator does not promise across versions.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..n` (`n > 0`; the modulo bias is irrelevant at these sizes).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-
-    /// An index into a collection of `n` elements.
-    pub fn index(&mut self, n: usize) -> usize {
-        self.below(n as u64) as usize
-    }
-
-    /// A number in `0..=max`.
-    pub fn upto(&mut self, max: i32) -> i32 {
-        self.below(max.max(0) as u64 + 1) as i32
-    }
-}
+pub use crate::support::rng::Rng;
 
 /// One StatefulSet of the run.
 #[derive(Clone, Debug)]

@@ -408,14 +408,7 @@ impl Controllers {
 
     pub async fn leader(&self, client: &Client) -> Option<String> {
         let leases: Api<Lease> = Api::namespaced(client.clone(), &self.lease_ns);
-        leases
-            .get_opt(LEASE)
-            .await
-            .ok()
-            .flatten()?
-            .spec?
-            .holder_identity
-            .filter(|h| !h.is_empty())
+        crate::support::lease_holder(&leases, LEASE).await
     }
 
     /// SIGTERM to the leader (it releases the Lease), then starts it again as a candidate.

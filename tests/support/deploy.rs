@@ -13,12 +13,11 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::config::Kubeconfig;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::fixtures::Controller;
-use super::{Cluster, TestNamespace, from_json, wait_for, wait_for_gone};
+use super::{Cluster, Reclaim, TestNamespace, from_json, repo_dir, wait_for, wait_for_gone};
 
 pub const INSTALL_NS: &str = "statefulset-scaledown-controller";
 pub const SERVICE_ACCOUNT: &str = "statefulset-scaledown-controller";
@@ -33,12 +32,8 @@ pub const LONG: Duration = Duration::from_secs(90);
 /// StatefulSet of the per-namespace test, and that test could no longer tell who did the work.
 pub static CONTROLLER_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-pub fn repo() -> PathBuf {
-    super::repo_dir()
-}
-
 pub fn manifest(name: &str) -> PathBuf {
-    repo().join("artifacts").join(name)
+    repo_dir().join("artifacts").join(name)
 }
 
 pub fn manifest_str(name: &str) -> String {
@@ -61,7 +56,7 @@ pub async fn kubectl_with(kubeconfig: &Path, args: &[&str]) -> Output {
 
 /// Writes `content` to `target/e2e-tmp/<name>` (for `kubectl -f`) and returns the path.
 pub fn scratch_file(name: &str, content: &str) -> String {
-    let dir = repo().join("target/e2e-tmp");
+    let dir = repo_dir().join("target/e2e-tmp");
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let path = dir.join(name);
     std::fs::write(&path, content).expect("write scratch file");
@@ -210,44 +205,7 @@ pub async fn token_kubeconfig(cluster: &Cluster, namespace: &str) -> PathBuf {
 
 /// A kubeconfig for ServiceAccount `account` in `namespace` (see [`token_kubeconfig`]).
 pub async fn token_kubeconfig_for(cluster: &Cluster, namespace: &str, account: &str) -> PathBuf {
-    let token = cluster
-        .kubectl(&["create", "token", account, "-n", namespace, "--duration=1h"])
-        .await;
-    let token = token.trim();
-    assert!(!token.is_empty(), "kubectl create token printed nothing");
-    let admin = Kubeconfig::read_from(&cluster.kubeconfig).expect("read the admin kubeconfig");
-    let context = admin
-        .current_context
-        .as_deref()
-        .and_then(|c| admin.contexts.iter().find(|n| n.name == c))
-        .and_then(|n| n.context.as_ref())
-        .map(|c| c.cluster.clone());
-    let entry = admin
-        .clusters
-        .iter()
-        .find(|c| context.as_deref().is_none_or(|name| c.name == name))
-        .and_then(|c| c.cluster.as_ref())
-        .expect("a cluster in the admin kubeconfig");
-    let mut cluster_json = json!({"server": entry.server.as_deref().expect("server")});
-    if let Some(ca) = &entry.certificate_authority {
-        cluster_json["certificate-authority"] = json!(ca);
-    }
-    if let Some(ca) = &entry.certificate_authority_data {
-        cluster_json["certificate-authority-data"] = json!(ca);
-    }
-    let config = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "e2e", "cluster": cluster_json}],
-        "users": [{"name": account, "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "e2e", "user": account, "namespace": namespace}}],
-        "current-context": "sa",
-    });
-    let dir = repo().join("target/e2e-tokens");
-    std::fs::create_dir_all(&dir).expect("token dir");
-    let path = dir.join(format!("{namespace}-{account}.kubeconfig"));
-    std::fs::write(&path, config.to_string()).expect("write the token kubeconfig");
-    path
+    super::service_account_kubeconfig(cluster, namespace, account).await
 }
 
 // === the controller binary, run with the manifest's token ===
@@ -481,6 +439,33 @@ pub async fn wait_events(ns: &TestNamespace, set: &str, identity: &str, reasons:
         },
     )
     .await;
+}
+
+/// The two scenarios that prove an install's RBAC is enough, at once, on 5 static PVs of `ns`:
+/// [`scale_down_and_delete`] and [`failed_cleanup_is_retried`] by `controller` (running as
+/// `identity`); fails as soon as the controller logs a refusal.
+pub async fn rbac_scenarios(ns: &TestNamespace, identity: &str, controller: &Controller) {
+    let class = ns.create_static_pvs("pv", 5, Reclaim::Retain).await.class;
+    tokio::select! {
+        _ = async {
+            tokio::join!(
+                scale_down_and_delete(ns, &class, identity),
+                failed_cleanup_is_retried(ns, &class, identity),
+            )
+        } => {}
+        _ = fail_on_refusal(controller) => {}
+    }
+}
+
+/// The namespace-scoped token `kubeconfig` works in `home` (so a refusal below is RBAC, not a bad
+/// token) and nowhere else: pods, StatefulSets and claims of `other` and of every namespace are
+/// forbidden.
+pub async fn assert_scoped_to(kubeconfig: &Path, home: &str, other: &str) {
+    kubectl_ok(kubeconfig, &["get", "pods", "-n", home]).await;
+    for resource in ["pods", "statefulsets", "pvc"] {
+        expect_forbidden(kubeconfig, &["get", resource, "-n", other]).await;
+        expect_forbidden(kubeconfig, &["get", resource, "--all-namespaces"]).await;
+    }
 }
 
 /// StatefulSet `web` 3 -> 2 in `ns`: the finalizer lands, cleanup pod web-2 runs, claim data-web-2

@@ -15,7 +15,9 @@ pub mod deploy;
 pub mod fixtures;
 pub mod hotloop;
 pub mod pool;
+pub mod realnode;
 pub mod recorder;
+pub mod rng;
 pub mod sieve;
 
 use std::future::Future;
@@ -24,6 +26,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     Namespace, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
 };
@@ -809,6 +812,33 @@ pub async fn service_account_kubeconfig(
     let path = dir.join(format!("{namespace}-{account}.kubeconfig"));
     std::fs::write(&path, config.to_string()).expect("write the token kubeconfig");
     path
+}
+
+/// A binding named `name` of the admission policy of that name: what the policy refuses is denied,
+/// in namespace `namespace` only.
+pub fn deny_in_namespace(
+    name: &str,
+    namespace: &str,
+) -> k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding {
+    from_json(json!({
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels":
+                {"kubernetes.io/metadata.name": namespace}}}}
+    }))
+}
+
+/// Who holds Lease `name` (its `holderIdentity`), if anyone does; `None` also when it cannot be
+/// read.
+pub async fn lease_holder(leases: &Api<Lease>, name: &str) -> Option<String> {
+    leases
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()?
+        .spec?
+        .holder_identity
+        .filter(|h| !h.is_empty())
 }
 
 /// A client from a kubeconfig file (e.g. one of [`service_account_kubeconfig`]).

@@ -76,7 +76,7 @@ where
         caches.pods.apply(&Event::InitApply(p));
     }
     caches.pods.apply(&Event::InitDone);
-    let binder = Binder::new(client.clone(), reporter, leadership.clone());
+    let binder = Actor::new(client.clone(), reporter, leadership.clone());
     let claims = kube::runtime::reflector::store::<Claim>().0;
     let ctx = Context::new(client, (caches, claims), binder, GRACE, leadership, runner);
     (ctx, log)

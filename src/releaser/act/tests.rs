@@ -50,7 +50,7 @@ fn facts(claim_uid: &str, scrub: Option<Scrub>) -> PvFacts {
     }
 }
 
-fn writer(client: kube::Client, leadership: Leadership, dry_run: bool) -> (Releaser, Arc<Metrics>) {
+fn writer(client: kube::Client, leadership: Leadership, dry_run: bool) -> (Actor, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::default());
     let (reporter, _) = crate::pass::test_parts::<PersistentVolume>(
         crate::naming::Controller::Releaser,
@@ -58,7 +58,7 @@ fn writer(client: kube::Client, leadership: Leadership, dry_run: bool) -> (Relea
         &metrics,
         dry_run,
     );
-    let releaser = Releaser::new(client, reporter, metrics.clone(), Arc::new(leadership));
+    let releaser = Actor::new(client, reporter, metrics.clone(), Arc::new(leadership));
     (releaser, metrics)
 }
 
@@ -362,7 +362,7 @@ fn log_count(patches: &std::sync::atomic::AtomicUsize) -> usize {
 }
 
 fn scrub_pod() -> Value {
-    scrub::render(
+    crate::template::scrub::render(
         &json!({"spec": {"containers": [{"name": "wipe", "image": "busybox"}]}}),
         "pv-1",
         "ops",

@@ -96,7 +96,7 @@ fn scrub_table() {
             Plan::CreateScrubPod {
                 temp_uid: t(),
                 namespace: ops(),
-                pod: scrub::render(&template(), "pv-1", "ops"),
+                pod: crate::template::scrub::render(&template(), "pv-1", "ops"),
             },
         ),
         (
@@ -509,7 +509,10 @@ fn check_scrub(pv: &PvFacts, plan: &Plan) -> Result<(), TestCaseError> {
             let ScrubTemplate::Pod(template) = &pv.scrub_template else {
                 return Err(TestCaseError::fail("a scrub pod without a template"));
             };
-            prop_assert_eq!(pod, &scrub::render(template, &pv.name, namespace));
+            prop_assert_eq!(
+                pod,
+                &crate::template::scrub::render(template, &pv.name, namespace)
+            );
             prop_assert_eq!(pv.scrub.clone(), Some(Scrub::Running(temp_uid.clone())));
         }
         Plan::FinishScrub {

@@ -18,6 +18,7 @@ pub const RECORD_GRACE: Duration = Duration::from_secs(30);
 /// What to write, in order. `act` carries the steps out one by one and stops at the first error.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Plan {
+    /// The writes, in order.
     pub steps: Vec<Step>,
     /// Look again after this long even if nothing changes (a retry backoff is running).
     pub requeue_after: Option<Duration>,
@@ -41,57 +42,81 @@ pub enum Confirm {
     SetAndNamespace,
 }
 
+/// One write of a plan (or an Event to publish).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
     /// Replace the set's finalizer list, guarded by its resourceVersion.
     SetFinalizers {
+        /// The whole new list.
         finalizers: Vec<String>,
+        /// The resourceVersion the list was read at.
         resource_version: String,
+        /// Our finalizer is added (`false`: removed).
         adding: bool,
     },
     /// Leave our mark on a set being deleted: how it is being deleted, proven now, for the passes
     /// after the finalizer or pods that prove it are gone (UID-guarded).
     MarkDeletion {
+        /// How the set is being deleted.
         propagation: Propagation,
     },
     /// Delete a stateful pod of a set deleted with background propagation.
     DeleteStatefulPod {
+        /// The pod's name.
         name: String,
+        /// The pod's UID (the delete's precondition).
         uid: String,
     },
     /// Create the cleanup pod (gated); `confirm_created` decides afterwards whether it may run.
     CreateCleanupPod {
+        /// The ordinal it cleans up.
         ordinal: u32,
+        /// Which attempt (1 for the first).
         attempt: u32,
+        /// The pod, rendered from the template.
         pod: Value,
         /// The claims it mounts (name -> UID), for our record.
         claims: BTreeMap<String, String>,
     },
     /// Remove the confirm gate of a recorded cleanup pod (the process stopped in between).
     Release {
+        /// The pod's name.
         name: String,
+        /// The pod's UID.
         uid: String,
     },
+    /// Delete an orphaned claim after its cleanup succeeded (UID precondition).
     DeleteClaim {
+        /// The claim's name.
         name: String,
+        /// The claim's UID (the delete's precondition).
         uid: String,
     },
+    /// Delete a cleanup pod (UID precondition).
     DeleteCleanupPod {
+        /// The pod's name.
         name: String,
+        /// The pod's UID (the delete's precondition).
         uid: String,
+        /// Why it goes.
         why: PodDeletion,
         /// How long the cleanup took, from the pod's creation (for the duration metric).
         ran_for: Option<Duration>,
     },
     /// Set (or with `None` remove) the next-attempt mark on a claim.
     MarkNextAttempt {
+        /// The claim's name.
         claim: String,
+        /// The claim's UID (the patch tests it).
         uid: String,
+        /// The attempt to create next.
         attempt: Option<u32>,
     },
+    /// Publish an Event on the set.
     Event(Event),
 }
 
+/// Why a cleanup pod is deleted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PodDeletion {
     /// The cleanup succeeded and its claims are deleted.
@@ -108,8 +133,11 @@ pub enum PodDeletion {
 /// reconcile is published once, and distinct occurrences (ordinals, messages) are distinct series.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
+    /// What happened.
     pub reason: Reason,
+    /// The Event's note.
     pub note: String,
+    /// Tells occurrences apart.
     pub key: String,
 }
 
@@ -131,6 +159,7 @@ impl Plan {
         }));
     }
 
+    /// Look again after `after` at the latest (the soonest of the requeues asked for wins).
     pub fn requeue(&mut self, after: Duration) {
         self.requeue_after = Some(self.requeue_after.map_or(after, |d| d.min(after)));
     }
@@ -172,6 +201,7 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every status, in the order of the gauge's label values.
     pub const ALL: [Status; 4] = [
         Status::Idle,
         Status::CleaningUp,
@@ -189,6 +219,7 @@ impl Status {
         }
     }
 
+    /// The status an annotation value names, if any.
     pub fn parse(value: &str) -> Option<Status> {
         Status::ALL.into_iter().find(|s| s.as_str() == value)
     }
@@ -203,13 +234,16 @@ impl std::fmt::Display for Status {
 /// A status and its reason (`Stalled` and `Paused` only).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Line {
+    /// The status.
     pub status: Status,
+    /// Why (`Stalled` and `Paused` only).
     pub reason: Option<String>,
 }
 
 /// What to write to the status annotations.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Write {
+    /// Write this status and reason.
     Set(Line),
     /// The set opted out: remove both annotations.
     Remove,
@@ -219,6 +253,8 @@ pub enum Write {
 /// once the write went through.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
+    /// What to write.
     pub write: Write,
+    /// The Event to publish once written.
     pub event: Option<Event>,
 }

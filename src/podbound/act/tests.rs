@@ -1,5 +1,5 @@
-//! The requests the pod-bound claims' `act` sends, and what it makes of the answers, against a
-//! scripted API server (`crate::mock_api`): the owner patch tests the claim's UID and
+//! The pod-bound claims' `act`: the owner patch it builds, and the requests it sends and what it
+//! makes of the answers, against a scripted API server (`crate::mock_api`): the owner patch tests the claim's UID and
 //! resourceVersion, the deletion carries both as preconditions, a claim that changed or went
 //! (404, 409, 422) is left for the next pass, and a refusal is one Warning and no write.
 
@@ -12,7 +12,7 @@ use crate::mock_api::{self, Answer, Log, Sent};
 
 const CLAIM_PATH: &str = "/api/v1/namespaces/ns/persistentvolumeclaims/cache";
 
-pub(super) fn claim(owners: Vec<(String, String, String)>) -> ClaimFacts {
+fn claim(owners: Vec<(String, String, String)>) -> ClaimFacts {
     ClaimFacts {
         namespace: "ns".into(),
         name: "cache".into(),
@@ -25,7 +25,7 @@ pub(super) fn claim(owners: Vec<(String, String, String)>) -> ClaimFacts {
     }
 }
 
-pub(super) fn pods(names: &[&str]) -> Vec<PodRef> {
+fn pods(names: &[&str]) -> Vec<PodRef> {
     names
         .iter()
         .map(|n| PodRef {
@@ -35,7 +35,7 @@ pub(super) fn pods(names: &[&str]) -> Vec<PodRef> {
         .collect()
 }
 
-fn binder(client: Client, leadership: Leadership, dry_run: bool) -> Binder {
+fn binder(client: Client, leadership: Leadership, dry_run: bool) -> Actor {
     let metrics = Arc::new(Metrics::default());
     let (reporter, _) = crate::pass::test_parts::<PersistentVolumeClaim>(
         crate::naming::Controller::PodBound,
@@ -43,10 +43,10 @@ fn binder(client: Client, leadership: Leadership, dry_run: bool) -> Binder {
         &metrics,
         dry_run,
     );
-    Binder::new(client, reporter, Arc::new(leadership))
+    Actor::new(client, reporter, Arc::new(leadership))
 }
 
-fn serve<F>(answer: F) -> (Binder, Log)
+fn serve<F>(answer: F) -> (Actor, Log)
 where
     F: Fn(&Sent) -> Answer + Send + Sync + 'static,
 {
@@ -193,4 +193,90 @@ async fn a_process_that_may_not_write_sends_nothing() {
     assert!(log.lines().is_empty(), "dry-run wrote: {:?}", log.lines());
     let reasons: Vec<String> = log.events().into_iter().map(|e| e.1).collect();
     assert_eq!(reasons, ["DryRun", "DryRun"]);
+}
+
+// === the owner patch, built ===
+
+fn live(owners: serde_json::Value, rv: &str) -> serde_json::Value {
+    let mut meta = json!({"name": "cache", "uid": "uid-claim", "resourceVersion": rv});
+    if !owners.is_null() {
+        meta["ownerReferences"] = owners;
+    }
+    json!({"metadata": meta})
+}
+
+fn owner_uids(doc: &serde_json::Value) -> Vec<String> {
+    doc["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|o| o["uid"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[test]
+fn the_owner_patch_adds_every_pod_to_the_state_it_was_decided_on() {
+    let patch = owner_patch(&claim(Vec::new()), &pods(&["runner", "reader"])).expect("patch");
+    let mut doc = live(serde_json::Value::Null, "5");
+    json_patch::patch(&mut doc, &patch).expect("applies");
+    assert_eq!(owner_uids(&doc), ["uid-runner", "uid-reader"]);
+    let reader = &doc["metadata"]["ownerReferences"][1];
+    assert_eq!(reader["blockOwnerDeletion"], json!(false));
+    assert!(reader.get("controller").is_none(), "never a controller");
+
+    // Added to the owners there are, which stay.
+    let owners = vec![("Pod".into(), "runner".into(), "uid-runner".into())];
+    let patch = owner_patch(&claim(owners), &pods(&["late"])).expect("patch");
+    let mut doc = live(
+        json!([{"kind": "Pod", "name": "runner", "uid": "uid-runner"}]),
+        "5",
+    );
+    json_patch::patch(&mut doc, &patch).expect("applies");
+    assert_eq!(owner_uids(&doc), ["uid-runner", "uid-late"]);
+}
+
+#[test]
+fn the_owner_patch_fails_on_a_changed_or_replaced_claim() {
+    let patch = owner_patch(&claim(Vec::new()), &pods(&["runner"])).expect("patch");
+    let mut changed = live(serde_json::Value::Null, "6");
+    assert!(
+        json_patch::patch(&mut changed, &patch).is_err(),
+        "resourceVersion"
+    );
+    let mut replaced = live(serde_json::Value::Null, "5");
+    replaced["metadata"]["uid"] = json!("uid-new");
+    assert!(json_patch::patch(&mut replaced, &patch).is_err(), "uid");
+    assert_eq!(owner_uids(&replaced), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn under_dry_run_the_writes_are_dry_run_events_only() {
+    let (client, log) = crate::mock_api::serve(|_| crate::mock_api::deleted());
+    let metrics = Arc::new(crate::metrics::Metrics::default());
+    let (reporter, _) = crate::pass::test_parts::<PersistentVolumeClaim>(
+        crate::naming::Controller::PodBound,
+        &client,
+        &metrics,
+        true,
+    );
+    let binder = Actor::new(client, reporter, Arc::new(Leadership::always()));
+    let facts = claim(Vec::new());
+    binder
+        .attach(&facts, &pods(&["runner"]))
+        .await
+        .expect("attach");
+    binder.delete(&facts).await.expect("delete");
+    assert!(log.lines().is_empty(), "wrote: {:?}", log.lines());
+    let events = log.events();
+    let reasons: Vec<&str> = events.iter().map(|e| e.1.as_str()).collect();
+    assert_eq!(reasons, ["DryRun", "DryRun"], "{events:?}");
+    assert!(
+        events[0].2.contains("bind claim cache to pods runner"),
+        "{events:?}"
+    );
+    assert!(
+        metrics
+            .encode()
+            .contains("scaledown_events_total{reason=\"DryRun\"} 2")
+    );
 }

@@ -1,4 +1,4 @@
-//! Table tests for `observe`: fixture caches in, facts out.
+//! The tests of `observe`, tables mostly: fixture caches in, facts out.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -495,4 +495,36 @@ fn ownership_of_a_claim_is_proven_by_labels_and_owners_not_by_name() {
         "labels both sets carry prove neither"
     );
     assert_eq!(checked, 9);
+}
+
+fn set(ns: &str, name: &str, replicas: i32, annotated: bool) -> Arc<StatefulSet> {
+    let mut value = serde_json::json!({
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"replicas": replicas, "selector": {}, "template": {},
+                 "volumeClaimTemplates": [{"metadata": {"name": "data"}}]}
+    });
+    if annotated {
+        value["metadata"]["annotations"] = serde_json::json!({naming::TEMPLATE_ANNOTATION: "{}"});
+    }
+    Arc::new(serde_json::from_value(value).expect("statefulset"))
+}
+
+#[test]
+fn orphans_of_sets_that_did_not_opt_in_are_counted_per_namespace() {
+    let sets = [
+        set("a", "web", 1, false),
+        set("a", "db", 0, true),
+        set("b", "web", 2, false),
+    ];
+    let claims = [
+        claim("a", "data-web-0"),
+        claim("a", "data-web-1"),
+        claim("a", "data-web-5"),
+        claim("a", "data-db-0"),
+        claim("b", "data-web-1"),
+        claim("b", "data-web-2"),
+        claim("c", "data-web-9"),
+    ];
+    let counts = unmanaged_orphans(&sets, &claims);
+    assert_eq!(counts, [("a".to_string(), 2), ("b".to_string(), 1)].into());
 }
