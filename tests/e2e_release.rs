@@ -28,9 +28,10 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
-use support::deploy::{FINALIZER, OWNER, repo, scale};
+use support::deploy::{FINALIZER, OWNER, scale};
 use support::fixtures::record;
 use support::recorder::{self, Recorder};
+use support::repo_dir;
 use support::{
     Cluster, REAL_NODE, TestNamespace, from_json, real_node_ready, real_node_selector,
     real_node_skipped, real_node_toleration, wait_for, wait_for_gone,
@@ -57,7 +58,7 @@ fn text(out: &Output) -> String {
 
 /// Runs `args` in the real node's network namespace with `env` added.
 fn in_node(args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(repo().join("hack/real-node.sh"))
+    Command::new(repo_dir().join("hack/real-node.sh"))
         .arg("exec")
         .args(args)
         .envs(env.iter().copied())
@@ -73,7 +74,7 @@ fn in_node_ok(args: &[&str], env: &[(&str, &str)]) -> String {
 
 /// The path of a tool of hack/build-tools.sh.
 fn tool(name: &str) -> String {
-    let out = Command::new(repo().join("hack/build-tools.sh"))
+    let out = Command::new(repo_dir().join("hack/build-tools.sh"))
         .arg(name)
         .output()
         .expect("run hack/build-tools.sh");
@@ -110,14 +111,14 @@ impl Release {
 
 /// `make release`'s script, to `registry` on the node's registry.
 fn release(registry: &str) -> Release {
-    let image = repo().join("target/image/oci/index.json");
+    let image = repo_dir().join("target/image/oci/index.json");
     assert!(
         image.exists(),
         "no {}: run `make image` first",
         image.display()
     );
     let started = Instant::now();
-    let release = repo().join("hack/release.sh");
+    let release = repo_dir().join("hack/release.sh");
     let stdout = in_node_ok(
         &[release.to_str().expect("utf-8")],
         &[("REGISTRY", registry), ("RELEASE_PLAIN_HTTP", "1")],
@@ -149,7 +150,7 @@ fn cosign(args: &[&str]) -> Output {
 /// The trusted root without any authority that hack/release.sh wrote (key pairs only; cosign
 /// asks for no public one).
 fn trusted_root() -> String {
-    let path = repo().join("target/signing/trusted-root.json");
+    let path = repo_dir().join("target/signing/trusted-root.json");
     assert!(path.exists(), "hack/release.sh wrote no {}", path.display());
     path.to_str().expect("utf-8").to_string()
 }
@@ -234,7 +235,7 @@ fn assert_sbom_attested(release: &Release) {
         text(&out)
     );
     let sbom: Value = serde_json::from_str(
-        &std::fs::read_to_string(repo().join(format!("target/image/{NAME}.cdx.json")))
+        &std::fs::read_to_string(repo_dir().join(format!("target/image/{NAME}.cdx.json")))
             .expect("the SBOM of make image"),
     )
     .expect("SBOM JSON");
@@ -610,7 +611,7 @@ async fn release_is_signed_and_installs_by_digest_from_oci() {
     );
 
     let started = Instant::now();
-    let dir = repo()
+    let dir = repo_dir()
         .join("target/e2e-tmp")
         .join(format!("release-{}", ns.name));
     let checked = {
