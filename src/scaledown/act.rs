@@ -80,6 +80,14 @@ enum Deleted {
     Before,
 }
 
+/// A cleanup pod to create, as its step gives it.
+struct NewPod<'a> {
+    ordinal: u32,
+    attempt: u32,
+    pod: &'a serde_json::Value,
+    claims: &'a BTreeMap<String, String>,
+}
+
 enum Creation {
     Created(String),
     Exists,
@@ -135,10 +143,7 @@ impl Actor {
     ) -> Result<()> {
         let ns = set.namespace.as_str();
         match step {
-            Step::Event(event) => {
-                self.publish(set, event, None).await;
-                Ok(())
-            }
+            Step::Event(event) => self.publish(set, event, None).await,
             Step::SetFinalizers {
                 finalizers,
                 resource_version,
@@ -151,31 +156,13 @@ impl Actor {
                 if status.is_some() {
                     done.status = Some(written);
                 }
-                Ok(())
             }
             Step::MarkDeletion { propagation } => {
-                if !self.mark_deletion(set, *propagation).await? {
-                    done.stale = true;
-                }
-                Ok(())
+                done.stale |= !self.mark_deletion(set, *propagation).await?;
             }
             Step::DeleteStatefulPod { name, uid } => {
-                let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-                if let Deleted::Now = delete(&pods, name, uid, "delete pod").await? {
-                    let note = format!(
-                        "deleted pod {name} of the deleted StatefulSet so its claims can be cleaned"
-                    );
-                    self.report(
-                        set,
-                        Reason::SuccessfulDelete,
-                        uid,
-                        note,
-                        pod_ref(ns, name, uid),
-                    )
-                    .await;
-                }
+                self.delete_stateful_pod(set, name, uid).await?;
                 done.deleted.push(Gone::pod(name, uid));
-                Ok(())
             }
             Step::CreateCleanupPod {
                 ordinal,
@@ -183,47 +170,20 @@ impl Actor {
                 pod,
                 claims,
             } => {
-                let name = naming::pod_name(&set.name, *ordinal);
-                match self.create_pod(ns, &name, pod).await? {
-                    Creation::Created(uid) => done.created.push(Created {
-                        ordinal: *ordinal,
-                        name,
-                        uid,
-                        attempt: *attempt,
-                        claims: claims.clone(),
-                    }),
-                    Creation::Exists => {
-                        debug!(pod = %name, namespace = ns, "cleanup pod already exists")
-                    }
-                    Creation::Refused { code, message } => {
-                        self.report_refusal(set, *ordinal, code, &message).await;
-                        done.refused.push(Refusal {
-                            ordinal: *ordinal,
-                            code,
-                            message,
-                        });
-                    }
-                }
-                Ok(())
+                let created = NewPod {
+                    ordinal: *ordinal,
+                    attempt: *attempt,
+                    pod,
+                    claims,
+                };
+                self.create_cleanup_pod(set, created, done).await?;
             }
             Step::Release { name, uid } => {
-                // The read of the set that judged the ordinal orphaned is confirmed by the API
-                // server itself, so a scale-up saved since that read wins over the release.
-                let sent = std::time::Instant::now();
-                if self.guard(set).await? {
-                    if self.release(ns, name, uid).await? {
-                        self.metrics.release_window(sent.elapsed().as_secs_f64());
-                    }
-                    Ok(())
-                } else {
-                    done.stale = true;
-                    Ok(())
-                }
+                done.stale |= !self.guarded_release(set, name, uid).await?
             }
             Step::DeleteClaim { name, uid } => {
                 self.delete_claim(set, name, uid).await?;
                 done.deleted.push(Gone::claim(name, uid));
-                Ok(())
             }
             Step::DeleteCleanupPod {
                 name,
@@ -234,7 +194,6 @@ impl Actor {
                 self.delete_cleanup_pod(set, name, uid, *why, *ran_for)
                     .await?;
                 done.deleted.push(Gone::pod(name, uid));
-                Ok(())
             }
             Step::MarkNextAttempt {
                 claim,
@@ -248,9 +207,68 @@ impl Actor {
                         attempt: *attempt,
                     });
                 }
-                Ok(())
             }
         }
+        Ok(())
+    }
+
+    /// Deletes a stateful pod of a set deleted in the background (UID-guarded).
+    async fn delete_stateful_pod(&self, set: &SetFacts, name: &str, uid: &str) -> Result<()> {
+        let ns = set.namespace.as_str();
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        if let Deleted::Now = delete(&pods, name, uid, "delete pod").await? {
+            let note = format!(
+                "deleted pod {name} of the deleted StatefulSet so its claims can be cleaned"
+            );
+            let pod = pod_ref(ns, name, uid);
+            self.report(set, Reason::SuccessfulDelete, uid, note, pod)
+                .await;
+        }
+        Ok(())
+    }
+
+    /// Creates one gated cleanup pod; what came of it goes into `done` (created, or refused).
+    async fn create_cleanup_pod(
+        &self,
+        set: &SetFacts,
+        new: NewPod<'_>,
+        done: &mut Done,
+    ) -> Result<()> {
+        let ns = set.namespace.as_str();
+        let name = naming::pod_name(&set.name, new.ordinal);
+        match self.create_pod(ns, &name, new.pod).await? {
+            Creation::Created(uid) => done.created.push(Created {
+                ordinal: new.ordinal,
+                name,
+                uid,
+                attempt: new.attempt,
+                claims: new.claims.clone(),
+            }),
+            Creation::Exists => debug!(pod = %name, namespace = ns, "cleanup pod already exists"),
+            Creation::Refused { code, message } => {
+                self.report_refusal(set, new.ordinal, code, &message).await;
+                done.refused.push(Refusal {
+                    ordinal: new.ordinal,
+                    code,
+                    message,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases a recorded cleanup pod once the API server confirmed the read of the set that
+    /// judged its ordinal orphaned, so a scale-up saved since that read wins over the release.
+    /// `Ok(false)`: the set changed; nothing was released.
+    async fn guarded_release(&self, set: &SetFacts, name: &str, uid: &str) -> Result<bool> {
+        let sent = std::time::Instant::now();
+        if !self.guard(set).await? {
+            return Ok(false);
+        }
+        if self.release(&set.namespace, name, uid).await? {
+            self.metrics.release_window(sent.elapsed().as_secs_f64());
+        }
+        Ok(true)
     }
 
     async fn set_finalizers(
