@@ -10,6 +10,8 @@ pub mod act;
 pub mod decide;
 pub mod expect;
 pub mod gauges;
+pub mod live;
+pub mod memory;
 pub mod observe;
 pub mod reconcile;
 pub mod room;

@@ -5,40 +5,29 @@
 //! Also the per-StatefulSet memory of refused creations and recent creates; the error backoff,
 //! timing and failure reports are the shared pass runner's (`crate::pass`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{Hash, Hasher};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 use tracing::debug;
 
 use crate::error::{Error, Result};
-use crate::naming;
 use crate::pass::Runner;
 use crate::scaledown::act::{Actor, Created, Done};
-use crate::scaledown::decide::{self, Confirm, Plan, Policy, Step, Verdict, decide, status};
+use crate::scaledown::decide::{self, Confirm, Plan, Policy, Verdict, decide, status};
 use crate::scaledown::expect::{self, Expectations, GoneKind};
-use crate::scaledown::observe::{
-    self, Observed, Phase, PodFacts, PodRole, Rejection, SetFacts, SetRead, Sources,
-};
+pub use crate::scaledown::live::{Listed, list_namespace};
+use crate::scaledown::memory::Memories;
+use crate::scaledown::observe::{self, Observed, Rejection, SetFacts, SetRead, Sources};
 use crate::scaledown::room;
 use crate::scaledown::watch::{Slice, Stores};
 
-/// How long a cleanup pod we created counts as in flight (and is not created again) before the
-/// cache shows it. Short: a pod deleted by someone else before our watch saw it (the StatefulSet
-/// controller or a kubelet finishing the ordinal's old pod by name) is created again after this.
-const CREATED_GRACE: Duration = Duration::from_secs(5);
-/// How long the creates of one cleanup pod name are remembered for [`recreate_delay`].
-const RECREATE_WINDOW: Duration = Duration::from_secs(600);
-/// Cap of the wait between creates of one name.
-const RECREATE_DELAY_MAX: Duration = Duration::from_secs(60);
 /// Reads of the set for one record of new cleanup pods, when the set keeps changing under us.
 const RECORD_TRIES: usize = 3;
 
@@ -71,52 +60,14 @@ pub struct Context {
     pub leadership: Arc<crate::leader::Leadership>,
     /// Every set is looked at again after this long (`--resync-period`).
     pub resync: Duration,
-    /// Cleanup pods created by us that the cache may not show yet: (namespace, name) -> when.
-    created: Mutex<HashMap<(String, String), Instant>>,
-    /// Creates per cleanup pod name in the last [`RECREATE_WINDOW`]: (count, last create).
-    recreates: Mutex<HashMap<(String, String), (u32, Instant)>>,
-    /// What this process remembers per StatefulSet: only sets with refused creations.
-    memory: Mutex<HashMap<ObjectRef<StatefulSet>, Memory>>,
+    /// Refusals, contended records and recent creates (`memory`).
+    memories: Mutex<Memories>,
     /// Claims and pods this process deleted that the caches may still show.
     expectations: Mutex<Expectations>,
     /// Sets whose creates wait for room under `--max-concurrent-cleanups`.
     waiting_for_room: Mutex<room::Waiting>,
     /// Times, backs off and reports every pass.
     pub runner: Runner<StatefulSet>,
-}
-
-/// The refused creations of one StatefulSet.
-#[derive(Clone, Debug, Default)]
-struct Memory {
-    /// Hash of what the refused pods were made from ([`template_hash`]).
-    template: u64,
-    /// Creations the API server refused, per ordinal.
-    refusals: BTreeMap<u32, Rejection>,
-    /// Ordinals whose new cleanup pod could not be recorded on the set (every try lost a race).
-    contended: BTreeSet<u32>,
-}
-
-fn arcs<T>(items: Vec<T>) -> Vec<Arc<T>> {
-    items.into_iter().map(Arc::new).collect()
-}
-
-/// Hash of what a set's cleanup pod is made from: its template annotation, its inherit annotation
-/// and the scheduling fields the cache keeps of it (only those of a set that inherits them), so
-/// that a change of any of them forgets the refusals of the pods made before.
-fn template_hash(set: &StatefulSet) -> u64 {
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    let annotations = set.annotations();
-    annotations
-        .get(naming::TEMPLATE_ANNOTATION)
-        .hash(&mut hasher);
-    annotations
-        .get(naming::INHERIT_ANNOTATION)
-        .hash(&mut hasher);
-    let scheduling = set.spec.as_ref().and_then(|s| s.template.spec.as_ref());
-    serde_json::to_string(&scheduling)
-        .unwrap_or_default()
-        .hash(&mut hasher);
-    hasher.finish()
 }
 
 impl Context {
@@ -137,9 +88,7 @@ impl Context {
             policy,
             actor,
             resync,
-            created: Mutex::new(HashMap::new()),
-            recreates: Mutex::new(HashMap::new()),
-            memory: Mutex::new(HashMap::new()),
+            memories: Mutex::new(Memories::default()),
             expectations: Mutex::new(Expectations::default()),
             waiting_for_room: Mutex::new(room::Waiting::default()),
             runner,
@@ -152,7 +101,7 @@ impl Context {
             // A standby only keeps its caches warm; it looks at every set when it becomes leader.
             return Ok(Action::await_change());
         }
-        let (refusals, contended) = self.refusals(set);
+        let (refusals, contended) = self.memories().refusals(set);
         let cached = self.observe_cached(set, &refusals);
         let plan = decide(&cached, &self.policy);
         let (observed, mut plan) = match self.confirm(set, cached, plan, &refusals).await? {
@@ -169,10 +118,16 @@ impl Context {
             steps = plan.steps.len(),
             "decided"
         );
-        let (plan, reserved) = self.admit(&observed.set, plan);
+        let (plan, reserved) = self.memories().admit(
+            &observed.set,
+            plan,
+            self.policy.max_in_flight,
+            &self.stores.cleanup_pods,
+        );
         let mut done = Done::default();
         let executed = self.actor.execute(&observed.set, &plan, &mut done).await;
-        self.remember(set, &observed, &done, &reserved);
+        self.memories()
+            .remember(set, &observed, &done, &reserved, &self.stores.sets);
         self.expect_unseen(&observed.set.namespace, &done);
         // A guard found the set changed: its watch event is on the way; look again soon anyway.
         let stale = done.stale.then_some(DISAGREE_RECHECK);
@@ -278,7 +233,8 @@ impl Context {
             let verdicts = decide::verdicts(facts.as_ref(), &pending);
             let on = facts.as_ref().unwrap_or(&observed.set);
             let runs = decide::runs(&verdicts);
-            self.forget_created(&observed.set.namespace, &verdicts);
+            self.memories()
+                .forget_created(&observed.set.namespace, &verdicts);
             let records = decide::next_records(on, observed, &runs);
             let release = decide::may_release(on);
             match self
@@ -293,45 +249,21 @@ impl Context {
                 Err(err @ (Error::Contended { .. } | Error::Unrecorded { .. })) => {
                     pending.retain(|c| runs.iter().any(|(n, _)| *n == c.ordinal));
                     if matches!(err, Error::Contended { .. }) {
-                        self.remember_contended(set, pending.iter().map(|c| c.ordinal), true);
+                        self.memories()
+                            .contended(set, pending.iter().map(|c| c.ordinal), true);
                     }
                     self.abandon(on, &pending).await?;
                     return Err(err);
                 }
                 Ok(recorded) => {
-                    self.remember_contended(set, runs.iter().map(|(n, _)| *n), false);
+                    self.memories()
+                        .contended(set, runs.iter().map(|(n, _)| *n), false);
                     return Ok(recorded);
                 }
                 Err(other) => return Err(other),
             }
         }
         Ok(false)
-    }
-
-    /// Remembers (or, after a record went through, forgets) ordinals whose record lost every race:
-    /// the status names them until one of their cleanups is recorded.
-    fn remember_contended(
-        &self,
-        set: &StatefulSet,
-        ordinals: impl Iterator<Item = u32>,
-        lost: bool,
-    ) {
-        let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-        let key = ObjectRef::from(set);
-        if lost {
-            let entry = memory.entry(key).or_insert_with(|| Memory {
-                template: template_hash(set),
-                ..Memory::default()
-            });
-            entry.contended.extend(ordinals);
-        } else if let Some(entry) = memory.get_mut(&key) {
-            for n in ordinals {
-                entry.contended.remove(&n);
-            }
-            if entry.refusals.is_empty() && entry.contended.is_empty() {
-                memory.remove(&key);
-            }
-        }
     }
 
     /// Deletes the cleanup pods of this pass whose record was refused every time: they never ran,
@@ -342,7 +274,7 @@ impl Context {
             .iter()
             .map(|c| (c.clone(), Verdict::Cancel(why.into())))
             .collect();
-        self.forget_created(&on.namespace, &cancels);
+        self.memories().forget_created(&on.namespace, &cancels);
         self.actor
             .settle(on, &BTreeMap::new(), &cancels, false, None)
             .await
@@ -355,9 +287,11 @@ impl Context {
         if self.policy.max_in_flight.is_none() {
             return 0;
         }
-        let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
-        self.forget_cached(&mut created);
-        self.cached_in_flight() + created.len()
+        self.memories().in_flight(&self.stores.cleanup_pods)
+    }
+
+    fn memories(&self) -> std::sync::MutexGuard<'_, Memories> {
+        self.memories.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Queues `set` until a cleanup pod's change frees room under the cap. The room is counted
@@ -397,22 +331,6 @@ impl Context {
         self.policy
             .max_in_flight
             .map_or(0, |cap| cap.saturating_sub(self.cleanups_in_flight()))
-    }
-
-    fn cached_in_flight(&self) -> usize {
-        self.stores
-            .cleanup_pods
-            .all()
-            .iter()
-            .filter(|p| observe::in_flight(p))
-            .count()
-    }
-
-    /// Forgets our creations the cache shows by now (or that are too old to still be missing).
-    fn forget_cached(&self, created: &mut HashMap<(String, String), Instant>) {
-        created.retain(|(ns, name), at| {
-            at.elapsed() < CREATED_GRACE && self.stores.cleanup_pods.get(ns, name).is_none()
-        });
     }
 
     /// What the caches hold for a pass over `set`, with what this process deleted and the caches
@@ -524,189 +442,6 @@ impl Context {
             },
         )))
     }
-
-    /// The refusals and contended records remembered for `set`, forgotten when its template
-    /// annotation changed.
-    fn refusals(&self, set: &StatefulSet) -> (BTreeMap<u32, Rejection>, BTreeSet<u32>) {
-        let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-        let key = ObjectRef::from(set);
-        let Some(entry) = memory.get(&key) else {
-            return Default::default();
-        };
-        if entry.template != template_hash(set) {
-            memory.remove(&key);
-            return Default::default();
-        }
-        (entry.refusals.clone(), entry.contended.clone())
-    }
-
-    /// Remembers what the writes of this pass did: refused creations count up, created ones reset.
-    /// Lets the plan's creates through once (the rule is `decide::admit`): a pod this process
-    /// created that the cache does not show yet is not created again, a name created again and
-    /// again waits out its backoff, and with `--max-concurrent-cleanups` creates take their places
-    /// under the cap by being entered as created before they are. The lock is held for this count
-    /// only, never across an API call, so every set creates in parallel and the cap still holds.
-    /// Returns the plan and the names entered.
-    fn admit(&self, set: &SetFacts, plan: Plan) -> (Plan, Vec<String>) {
-        let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
-        // Every pass forgets what the cache shows by now: the pass that the pod's own watch
-        // event starts is one of them.
-        self.forget_cached(&mut created);
-        let names: Vec<String> = plan
-            .steps
-            .iter()
-            .filter_map(|s| match s {
-                Step::CreateCleanupPod { ordinal, .. } => {
-                    Some(naming::pod_name(&set.name, *ordinal))
-                }
-                _ => None,
-            })
-            .collect();
-        if names.is_empty() {
-            return (plan, Vec::new());
-        }
-        let waits = names
-            .into_iter()
-            .filter_map(|name| {
-                let key = (set.namespace.clone(), name);
-                let cached_soon = || {
-                    created
-                        .get(&key)
-                        .map(|at| CREATED_GRACE.saturating_sub(at.elapsed()))
-                };
-                let left = self.recreate_wait(&key).or_else(cached_soon)?;
-                Some((key.1, left))
-            })
-            .collect();
-        let in_flight = match self.policy.max_in_flight {
-            Some(_) => self.cached_in_flight() + created.len(),
-            None => 0,
-        };
-        let admission = decide::Admission {
-            in_flight,
-            cap: self.policy.max_in_flight,
-            waits,
-        };
-        let (plan, admitted) = decide::admit(set, plan, &admission);
-        for name in &admitted {
-            created.insert((set.namespace.clone(), name.clone()), Instant::now());
-        }
-        (plan, admitted)
-    }
-
-    /// Cancelled creations are no longer in flight, and may be created again.
-    fn forget_created(&self, ns: &str, verdicts: &[(Created, Verdict)]) {
-        let mut created = self.created.lock().unwrap_or_else(|p| p.into_inner());
-        for (pod, _) in verdicts.iter().filter(|(_, v)| *v != Verdict::Run) {
-            created.remove(&(ns.to_string(), pod.name.clone()));
-        }
-    }
-
-    fn remember(&self, set: &StatefulSet, observed: &Observed, done: &Done, reserved: &[String]) {
-        {
-            let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-            let key = ObjectRef::from(set);
-            let entry = memory.entry(key.clone()).or_insert_with(|| Memory {
-                template: template_hash(set),
-                ..Memory::default()
-            });
-            for refusal in &done.refused {
-                let count = entry.refusals.get(&refusal.ordinal).map_or(0, |r| r.count);
-                entry.refusals.insert(
-                    refusal.ordinal,
-                    Rejection {
-                        count: count + 1,
-                        last: observed.now,
-                        code: refusal.code,
-                        message: refusal.message.clone(),
-                    },
-                );
-            }
-            for created in &done.created {
-                entry.refusals.remove(&created.ordinal);
-            }
-            if entry.refusals.is_empty() && entry.contended.is_empty() {
-                memory.remove(&key);
-            }
-            // Sets deleted meanwhile (a namespace deleted with them) take their memory along.
-            memory.retain(|set, _| self.stores.sets.get(set).is_some());
-        }
-        let mut in_flight = self.created.lock().unwrap_or_else(|p| p.into_inner());
-        let ns = &observed.set.namespace;
-        for name in reserved {
-            if !done.created.iter().any(|c| c.name == *name) {
-                in_flight.remove(&(ns.clone(), name.clone()));
-            }
-        }
-        for created in &done.created {
-            let key = (observed.set.namespace.clone(), created.name.clone());
-            in_flight.insert(key, Instant::now());
-        }
-        drop(in_flight);
-        let mut recreates = self.recreates.lock().unwrap_or_else(|p| p.into_inner());
-        recreates.retain(|_, (_, last)| last.elapsed() < RECREATE_WINDOW);
-        // A cleanup pod that ran (whatever its end) was not lost: its name starts afresh, so a set
-        // scaled down again and again is never held back by its earlier, finished cleanups.
-        for name in observed
-            .ordinals
-            .values()
-            .filter_map(|o| ran(o.pod.as_ref()?))
-        {
-            recreates.remove(&(ns.clone(), name.to_string()));
-        }
-        for created in &done.created {
-            let key = (observed.set.namespace.clone(), created.name.clone());
-            let entry = recreates.entry(key).or_insert((0, Instant::now()));
-            *entry = (entry.0.saturating_add(1), Instant::now());
-        }
-    }
-
-    /// How long a create of cleanup pod `key` must still wait, given its creates in the window.
-    fn recreate_wait(&self, key: &(String, String)) -> Option<Duration> {
-        let recreates = self.recreates.lock().unwrap_or_else(|p| p.into_inner());
-        let (count, last) = recreates.get(key)?;
-        let left = recreate_delay(count.saturating_add(1)).saturating_sub(last.elapsed());
-        (!left.is_zero()).then_some(left)
-    }
-}
-
-/// The claims, pods and cleanup pods of a namespace, read from the API server just now.
-pub struct Listed {
-    /// The claims of the namespace (metadata).
-    pub claims: Vec<Arc<kube::core::PartialObjectMeta<PersistentVolumeClaim>>>,
-    /// Pruned as the pod cache is (`caches::prune_pod`).
-    pub pods: Vec<Arc<Pod>>,
-    /// Whole, as the cleanup-pod cache keeps them.
-    pub cleanup_pods: Vec<Arc<Pod>>,
-}
-
-/// Lists the claims (metadata) and pods of `ns`: what a live observation of a set needs besides
-/// the set itself. Used before the finalizer is released, and by `kubectl scaledown status`.
-pub async fn list_namespace(client: &Client, ns: &str) -> Result<Listed> {
-    let all = ListParams::default();
-    let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-    let claims = claims_api
-        .list_metadata(&all)
-        .await
-        .map_err(Error::kube("list claims", ns))?
-        .items;
-    let pods_api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let mut pods = pods_api
-        .list(&all)
-        .await
-        .map_err(Error::kube("list pods", ns))?
-        .items;
-    let cleanup: Vec<Pod> = pods
-        .iter()
-        .filter(|p| p.labels().contains_key(naming::CLEANUP_LABEL))
-        .cloned()
-        .collect();
-    pods.iter_mut().for_each(crate::caches::prune_pod);
-    Ok(Listed {
-        claims: arcs(claims),
-        pods: arcs(pods),
-        cleanup_pods: arcs(cleanup),
-    })
 }
 
 /// The reconciler handed to kube's Controller. After a failed pass the set waits out its backoff
@@ -719,27 +454,6 @@ pub async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
 /// Requeues a set after a failed pass at the end of its backoff.
 pub fn error_policy(set: Arc<StatefulSet>, _err: &Error, ctx: Arc<Context>) -> Action {
     ctx.runner.error_policy(&set)
-}
-
-/// The name of a recorded cleanup pod that got past Pending (it ran).
-fn ran(pod: &PodFacts) -> Option<&str> {
-    match &pod.role {
-        PodRole::Cleanup(c) if c.phase != Phase::Pending => Some(pod.name.as_str()),
-        _ => None,
-    }
-}
-
-/// The least time between the `nth` create of one cleanup pod name (within [`RECREATE_WINDOW`])
-/// and the one before: none for the first two, then 1 s doubling to [`RECREATE_DELAY_MAX`]. A
-/// pod deleted by someone else before it ran (a stale StatefulSet controller deleting by name, a
-/// forger taking the name) is thus created again at a rate set by this backoff, never by theirs.
-fn recreate_delay(nth: u32) -> Duration {
-    if nth <= 2 {
-        return Duration::ZERO;
-    }
-    Duration::from_secs(1)
-        .saturating_mul(2u32.saturating_pow(nth - 3))
-        .min(RECREATE_DELAY_MAX)
 }
 
 #[cfg(test)]

@@ -14,7 +14,9 @@ use crate::index::{Index, Keys};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::mock_api::{self, Answer, Log, Sent};
+use crate::naming;
 use crate::scaledown::observe::{Record, format_records};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 
 const SET_PATH: &str = "/apis/apps/v1/namespaces/ns/statefulsets/web";
 const CLAIMS: &str = "/api/v1/namespaces/ns/persistentvolumeclaims";
@@ -614,7 +616,9 @@ async fn a_read_without_a_record_never_overwrites_one_written_meanwhile() {
 
 #[test]
 fn recreates_of_one_name_back_off() {
-    let secs: Vec<u64> = (1..=10).map(|n| recreate_delay(n).as_secs()).collect();
+    let secs: Vec<u64> = (1..=10)
+        .map(|n| crate::scaledown::memory::recreate_delay(n).as_secs())
+        .collect();
     assert_eq!(secs, [0, 0, 1, 2, 4, 8, 16, 32, 60, 60]);
 }
 
@@ -624,10 +628,8 @@ async fn a_pod_deleted_by_someone_else_again_and_again_is_created_at_the_backoff
     let (ctx, log) = context(&set, vec![stateful_pod()], server(Some(web(1, false))));
     let key = ("ns".to_string(), "web-1".to_string());
     // Two creates of web-1 a moment ago; someone deleted both before they ran.
-    ctx.recreates
-        .lock()
-        .expect("lock")
-        .insert(key.clone(), (2, Instant::now()));
+    ctx.memories()
+        .created_before(key.clone(), 2, Instant::now());
     let action = ctx.pass(&set).await.expect("pass");
     assert!(log.lines().is_empty(), "held back: {:?}", log.lines());
     assert_ne!(
@@ -635,7 +637,7 @@ async fn a_pod_deleted_by_someone_else_again_and_again_is_created_at_the_backoff
         Action::await_change(),
         "it looks again once the wait is over"
     );
-    assert!(ctx.recreate_wait(&key).is_some());
+    assert!(ctx.memories().recreate_wait(&key).is_some());
 }
 
 #[tokio::test]
@@ -646,14 +648,15 @@ async fn a_cleanup_pod_that_ran_clears_its_name_so_the_next_scale_down_is_not_he
     let answer = listing(server(Some(web(1, true))), pods.clone());
     let (ctx, _log) = context(&set, pods, answer);
     let key = ("ns".to_string(), "web-1".to_string());
-    ctx.recreates
-        .lock()
-        .expect("lock")
-        .insert(key.clone(), (5, Instant::now()));
-    assert!(ctx.recreate_wait(&key).is_some(), "held back before");
+    ctx.memories()
+        .created_before(key.clone(), 5, Instant::now());
+    assert!(
+        ctx.memories().recreate_wait(&key).is_some(),
+        "held back before"
+    );
     ctx.pass(&set).await.expect("pass");
     assert!(
-        ctx.recreate_wait(&key).is_none(),
+        ctx.memories().recreate_wait(&key).is_none(),
         "a pod that ran is not a lost create: the name starts afresh"
     );
 }
@@ -768,7 +771,7 @@ fn what_a_cleanup_pod_is_made_from_is_hashed_for_its_refusals() {
     let hash = |set: Value, flag: bool| {
         let mut set: StatefulSet = object(set);
         crate::caches::prune_set_for(&mut set, flag);
-        template_hash(&set)
+        crate::scaledown::memory::template_hash(&set)
     };
     let base = hash(web(1, false), true);
     assert_eq!(
@@ -897,16 +900,16 @@ async fn the_memory_of_a_deleted_set_is_dropped() {
         code: 403,
         message: "forbidden".into(),
     };
-    ctx.memory.lock().expect("lock").insert(
+    ctx.memories().sets.insert(
         gone.clone(),
-        Memory {
+        crate::scaledown::memory::SetMemory {
             refusals: [(0, refusal)].into(),
-            ..Memory::default()
+            ..Default::default()
         },
     );
     ctx.pass(&set).await.expect("pass");
     assert!(
-        !ctx.memory.lock().expect("lock").contains_key(&gone),
+        !ctx.memories().sets.contains_key(&gone),
         "the deleted set's memory is gone"
     );
 }
