@@ -7,6 +7,8 @@ use serde_json::{Value, json};
 use super::*;
 use crate::error::Category;
 use crate::mock_api::{self, Answer, Log, Sent};
+use crate::scaledown::observe::format_records;
+use k8s_openapi::api::apps::v1::StatefulSet;
 
 const NS_PODS: &str = "/api/v1/namespaces/ns/pods";
 const NS_CLAIMS: &str = "/api/v1/namespaces/ns/persistentvolumeclaims";
