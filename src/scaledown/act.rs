@@ -37,20 +37,6 @@ pub struct Actor {
 
 pub use crate::scaledown::observe::Created;
 
-/// A cleanup pod to create, as its step gives it.
-struct NewPod<'a> {
-    ordinal: u32,
-    attempt: u32,
-    pod: &'a serde_json::Value,
-    claims: &'a BTreeMap<String, String>,
-}
-
-enum Creation {
-    Created(String),
-    Exists,
-    Refused { code: u16, message: String },
-}
-
 impl Actor {
     /// A writer through `client`, reporting through `reporter`, that writes only while `leadership` allows.
     pub fn new(
@@ -101,25 +87,7 @@ impl Actor {
         let ns = set.namespace.as_str();
         match step {
             Step::Event(event) => self.publish(set, event, None).await,
-            Step::SetFinalizers {
-                finalizers,
-                resource_version,
-                adding,
-            } => {
-                let status = plan_status(done, status);
-                let written = patches::set_finalizers(
-                    &self.client,
-                    set,
-                    finalizers,
-                    resource_version,
-                    *adding,
-                    status,
-                )
-                .await?;
-                if status.is_some() {
-                    done.status = Some(written);
-                }
-            }
+            Step::SetFinalizers { .. } => self.set_finalizers(set, step, status, done).await?,
             Step::MarkDeletion { propagation } => {
                 done.stale |= !patches::mark_deletion(&self.client, set, *propagation).await?;
             }
@@ -171,6 +139,34 @@ impl Actor {
                     });
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Replaces the set's finalizers (a `SetFinalizers` step), with the plan's status change
+    /// unless a patch of this plan carried it already.
+    async fn set_finalizers(
+        &self,
+        set: &SetFacts,
+        step: &Step,
+        status: Option<&Change>,
+        done: &mut Done,
+    ) -> Result<()> {
+        let Step::SetFinalizers {
+            finalizers,
+            resource_version,
+            adding,
+        } = step
+        else {
+            return Ok(());
+        };
+        let status = plan_status(done, status);
+        let client = &self.client;
+        let written =
+            patches::set_finalizers(client, set, finalizers, resource_version, *adding, status)
+                .await?;
+        if status.is_some() {
+            done.status = Some(written);
         }
         Ok(())
     }
@@ -483,7 +479,7 @@ mod patches;
 #[cfg(test)]
 mod tests;
 
-use ops::{Deleted, core_ref, delete, pod_ref, set_ref};
+use ops::{Creation, Deleted, NewPod, core_ref, delete, pod_ref, set_ref};
 pub use ops::{
     Done, FIELD_MANAGER, Refusal, annotation_path, describe, describe_status, guard_ops,
     record_ops, status_ops,

@@ -49,6 +49,21 @@ pub struct Done {
     pub marked: Vec<Mark>,
 }
 
+/// A cleanup pod to create, as its step gives it.
+pub struct NewPod<'a> {
+    pub ordinal: u32,
+    pub attempt: u32,
+    pub pod: &'a serde_json::Value,
+    pub claims: &'a BTreeMap<String, String>,
+}
+
+/// What a create of a cleanup pod came to.
+pub enum Creation {
+    Created(String),
+    Exists,
+    Refused { code: u16, message: String },
+}
+
 /// What a UID-guarded delete found.
 pub enum Deleted {
     /// Deleted now.
