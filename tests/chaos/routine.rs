@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolumeClaim};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, PostParams, Preconditions, PropagationPolicy};
+use kube::api::{
+    Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
+};
 use serde_json::json;
 
 use super::check::short;
@@ -19,6 +21,9 @@ use crate::support::{from_json, unique_name};
 /// How long a deleted set may take to go (its cleanups included) before the round calls it a
 /// stall (invariant 4).
 const GONE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long the failing set's deletion may wait on its cleanups before the runner gives up on
+/// them as a user would (a deletion nothing proves cleans the ordinals past `replicas`).
+const GIVE_UP_AFTER: Duration = Duration::from_secs(20);
 /// The ConfigMap that owns the foreign claims of a namespace.
 const FOREIGN_OWNER: &str = "foreign-owner";
 
@@ -53,11 +58,15 @@ impl World {
             return format!("delete {name} ({how:?}) failed: {e}");
         }
         let t0 = Instant::now();
+        let mut gave_up = None;
         loop {
             self.controllers.revive();
             // A forged pod holds its ordinal's name: a user deletes it once it finished.
             if let Ok(snap) = self.snapshot().await {
                 self.retire_forged(&snap).await;
+            }
+            if gave_up.is_none() && self.sets[set].failing && t0.elapsed() >= GIVE_UP_AFTER {
+                gave_up = Some(self.give_up_cleanups(set).await);
             }
             match api.get_opt(name).await {
                 Ok(None) => break,
@@ -71,13 +80,35 @@ impl World {
             }
         }
         let gone = t0.elapsed().as_secs_f64();
+        let gave_up = gave_up.map_or(String::new(), |note| format!(" ({note})"));
         match self.create_set(set, self.replicas[set]).await {
             Ok(new) => format!(
-                "{how:?}-deleted {name} uid {} in {gone:.1} s, created again uid {}",
+                "{how:?}-deleted {name} uid {} in {gone:.1} s{gave_up}, created again uid {}",
                 short(&uid),
                 short(&new.uid().unwrap_or_default())
             ),
             Err(e) => format!("HARNESS: {e}"),
+        }
+    }
+
+    /// What a user does when the failing set's deletion waits on cleanups that never succeed
+    /// (docs/usage.md, "To give up on cleanup"): removes the template annotation, after which
+    /// the finalizer goes once no cleanup runs. The set's deletion could not be proven an orphan
+    /// deletion (no pod of it left), so its ordinals past `replicas` are cleaned as after a
+    /// scale-down, and with this set's template that never ends.
+    async fn give_up_cleanups(&mut self, set: usize) -> String {
+        let name = self.sets[set].name;
+        let patch = json!({"metadata": {"annotations": {
+            "statefulsets.kubernetes.io/scaledown-pod-template": null}}});
+        let patched = self
+            .api::<StatefulSet>(set)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await;
+        match patched {
+            Ok(_) => format!(
+                "its cleanups never succeed: template annotation removed after {GIVE_UP_AFTER:?}"
+            ),
+            Err(e) => format!("template annotation not removed: {e}"),
         }
     }
 
