@@ -10,6 +10,7 @@ use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
+use super::check::short;
 use super::routine::kept_on_purpose;
 use super::world::{Snapshot, World, attempt, cleanup_template, looks_like_cleanup, phase};
 
@@ -57,6 +58,7 @@ impl World {
                     self.clear_simulator_artifacts(&snap).await;
                     self.collect_dangling(&snap).await;
                     self.release_failed_wanted(&snap).await;
+                    self.retire_previous_sets_pods(&snap).await;
                     let mut unsettled = self.unsettled(&snap);
                     unsettled
                         .other
@@ -296,6 +298,47 @@ impl World {
                 && pod.metadata.deletion_timestamp.is_none()
                 && !deleting.contains(&(ns.clone(), self.sets[set].name.to_string()))
             {
+                self.delete_pod(set, &pod.name_any(), pod.uid().as_deref())
+                    .await;
+            }
+        }
+    }
+
+    /// A failed cleanup pod older than the set that now has its name (the set was deleted with
+    /// orphan propagation and created again while that pod's series was cut short) is not the new
+    /// set's: the controller keeps it and warns `UnprovenCleanupPod` (docs/usage.md), and it holds
+    /// its ordinal's name. A user reading the Warning deletes it; so does the runner, and says so.
+    async fn retire_previous_sets_pods(&self, snap: &Snapshot) {
+        for pod in snap
+            .pods
+            .iter()
+            .filter(|p| looks_like_cleanup(p) && phase(p) == "Failed")
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+        {
+            let ns = pod.namespace().unwrap_or_default();
+            let Some((set, _)) = self.owner_of(&ns, &pod.name_any(), false) else {
+                continue;
+            };
+            let name = self.sets[set].name;
+            let Some(current) = snap
+                .sets
+                .iter()
+                .find(|s| s.namespace().as_deref() == Some(ns.as_str()) && s.name_any() == name)
+            else {
+                continue;
+            };
+            let (Some(born), Some(set_born)) = (
+                pod.metadata.creation_timestamp.as_ref(),
+                current.metadata.creation_timestamp.as_ref(),
+            ) else {
+                continue;
+            };
+            if born.0 < set_born.0 {
+                println!(
+                    "chaos: deleting failed cleanup pod {ns}/{} uid {}: it is older than the set {name} now there (a previous set's, cut short by an orphan deletion)",
+                    pod.name_any(),
+                    short(pod.uid().as_deref().unwrap_or_default())
+                );
                 self.delete_pod(set, &pod.name_any(), pod.uid().as_deref())
                     .await;
             }
