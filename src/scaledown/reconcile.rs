@@ -95,6 +95,9 @@ impl Context {
         }
     }
 
+    /// One pass: observe and decide (on a live read where the plan needs one), let the creates
+    /// through the memories, act, remember, settle the new cleanup pods, write the status, and
+    /// say when to look again.
     async fn pass(&self, set: &StatefulSet) -> Result<Action> {
         self.stores.ready().await?;
         if !self.leadership.may_write() {
@@ -110,61 +113,65 @@ impl Context {
             Confirmed::Disagree => return Ok(Action::requeue(DISAGREE_RECHECK)),
         };
         plan.status = status::change(&observed, &plan, &contended);
-        debug!(
-            set = %observed.set.name,
-            namespace = %observed.set.namespace,
-            read = ?observed.read,
-            pods = ?observed.pod_roles(),
-            steps = plan.steps.len(),
-            "decided"
-        );
-        let (plan, reserved) = self.memories().admit(
-            &observed.set,
-            plan,
-            self.policy.max_in_flight,
-            &self.stores.cleanup_pods,
-        );
+        log_decided(&observed, &plan);
+        let cap = self.policy.max_in_flight;
+        let (plan, reserved) =
+            self.memories()
+                .admit(&observed.set, plan, cap, &self.stores.cleanup_pods);
         let mut done = Done::default();
         let executed = self.actor.execute(&observed.set, &plan, &mut done).await;
         self.memories()
             .remember(set, &observed, &done, &reserved, &self.stores.sets);
         self.expect_unseen(&observed.set.namespace, &done);
-        // A guard found the set changed: its watch event is on the way; look again soon anyway.
-        let stale = done.stale.then_some(DISAGREE_RECHECK);
         // Pods created before a failed step are settled all the same.
         let status = plan.status.as_ref().map(|c| &c.write);
-        let recorded = self
-            .settle(
-                set,
-                &observed,
-                done.created,
-                status.filter(|_| done.status.is_none()),
-            )
-            .await?;
+        let unsent = status.filter(|_| done.status.is_none());
+        let recorded = self.settle(set, &observed, done.created, unsent).await?;
         executed?;
-        if let Some(change) = &plan.status {
-            let written = match done.status {
-                Some(written) => written,
-                None if recorded => true,
-                None => self.actor.write_status(&observed.set, change).await?,
-            };
-            if written {
-                self.actor.status_event(&observed.set, change).await;
-            }
+        self.write_status(&observed, &plan, done.status, recorded)
+            .await?;
+        Ok(Action::requeue(self.next_look(set, &plan, done.stale)))
+    }
+
+    /// Writes the plan's status change unless a patch of the pass carried it (the finalizer's:
+    /// `carried`, or the record's: `recorded`), and publishes its Event once it is written.
+    async fn write_status(
+        &self,
+        observed: &Observed,
+        plan: &Plan,
+        carried: Option<bool>,
+        recorded: bool,
+    ) -> Result<()> {
+        let Some(change) = &plan.status else {
+            return Ok(());
+        };
+        let written = match carried {
+            Some(written) => written,
+            None if recorded => true,
+            None => self.actor.write_status(&observed.set, change).await?,
+        };
+        if written {
+            self.actor.status_event(&observed.set, change).await;
         }
+        Ok(())
+    }
+
+    /// When to look at `set` again: the plan's own wait, soon after a guard found the set changed
+    /// (its watch event is on the way), at once if room under the cap freed up meanwhile, and
+    /// the resync at the latest.
+    fn next_look(&self, set: &StatefulSet, plan: &Plan, stale: bool) -> Duration {
+        let stale = stale.then_some(DISAGREE_RECHECK);
         let room = plan
             .waits_for_room
             .then(|| self.wait_for_room(set))
             .flatten();
-        let after = plan
-            .requeue_after
+        plan.requeue_after
             .into_iter()
             .chain(stale)
             .chain(room)
             .min()
             .map_or(self.resync, |d| d.min(self.resync))
-            .max(Duration::from_millis(500));
-        Ok(Action::requeue(after))
+            .max(Duration::from_millis(500))
     }
 
     /// Decides again on a live read for as long as the plan asks for one (at most twice: the set,
@@ -442,6 +449,17 @@ impl Context {
             },
         )))
     }
+}
+
+fn log_decided(observed: &Observed, plan: &Plan) {
+    debug!(
+        set = %observed.set.name,
+        namespace = %observed.set.namespace,
+        read = ?observed.read,
+        pods = ?observed.pod_roles(),
+        steps = plan.steps.len(),
+        "decided"
+    );
 }
 
 /// The reconciler handed to kube's Controller. After a failed pass the set waits out its backoff
