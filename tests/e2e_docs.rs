@@ -16,6 +16,8 @@
 
 mod support;
 
+use support::output_text as text;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -166,15 +168,6 @@ fn remove_installs(cluster: &Cluster) {
         ),
     );
     assert!(out.status.success(), "cleanup: {}", text(&out));
-}
-
-fn text(out: &std::process::Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// The Deployments of the controller installed so far, as `namespace/name=available replicas`,

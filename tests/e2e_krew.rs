@@ -10,6 +10,8 @@
 
 mod support;
 
+use support::output_text as text;
+
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -38,15 +40,6 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// Runs a script of hack/ and returns the lines of its stdout; panics unless it succeeds.

@@ -17,6 +17,8 @@
 
 mod support;
 
+use support::output_text as text;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -46,15 +48,6 @@ const NODE_REGISTRY: &str = "127.0.0.1:5000";
 const HELM_RELEASE: &str = "rel";
 const SET: &str = "web";
 const SLOW: Duration = Duration::from_secs(180);
-
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// Runs `args` in the real node's network namespace with `env` added.
 fn in_node(args: &[&str], env: &[(&str, &str)]) -> Output {

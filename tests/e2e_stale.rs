@@ -16,7 +16,7 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::runtime::watcher;
@@ -298,7 +298,9 @@ async fn orphan_deletion_with_fresh_views_keeps_pods_and_claims() {
 #[tokio::test(flavor = "multi_thread")]
 async fn orphan_deletion_of_a_set_without_pods_keeps_its_claims() {
     let (_sieve, env) = env_behind_sieve("orphan-no-pods", 3, |_| {}).await;
-    refuse_pods_with_requests(&env).await;
+    // Pods that request resources are refused (scope NotBestEffort); cleanup pods request none.
+    let no_requests = json!({"hard": {"pods": "0"}, "scopes": ["NotBestEffort"]});
+    env.ns.create_quota("no-requesting-pods", no_requests).await;
     create_markers(&env).await;
     let mut spec = SetSpec::new("web", 3, &env.class);
     spec.parallel = true;
@@ -371,28 +373,6 @@ async fn orphan_deletion_of_a_set_without_pods_keeps_its_claims() {
     assert_eq!(now, kept, "the claims are the ones the set made");
     let note = env.event_notes("web", "DeletionUnproven").await.join(" | ");
     eprintln!("[stale] orphan deletion without pods: claims kept {kept:?}; Warning: {note}");
-}
-
-/// A quota that refuses every pod requesting resources (scope `NotBestEffort`), once its status
-/// is filled in (admission reads it).
-async fn refuse_pods_with_requests(env: &Env) {
-    let quota: ResourceQuota = from_json(json!({
-        "metadata": {"name": "no-requesting-pods"},
-        "spec": {"hard": {"pods": "0"}, "scopes": ["NotBestEffort"]}
-    }));
-    let quotas: Api<ResourceQuota> = env.ns.api();
-    quotas
-        .create(&PostParams::default(), &quota)
-        .await
-        .expect("create quota");
-    wait_for_some("the quota's status", LONG, || async {
-        quotas
-            .get("no-requesting-pods")
-            .await
-            .ok()
-            .and_then(|q| q.status?.hard)
-    })
-    .await;
 }
 
 // === scale-down with a lagging claim watch ===

@@ -18,9 +18,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{
-    Namespace, PersistentVolumeClaim, Pod, ResourceQuota, ServiceAccount,
-};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
@@ -614,25 +612,8 @@ async fn quota_refusal_is_reported_and_given_up() {
     refused_cleanup_pod(
         "refused-quota",
         async |env: &Env| {
-            let quota: ResourceQuota = from_json(
-                json!({"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}}),
-            );
-            let quotas: Api<ResourceQuota> = env.ns.api();
-            quotas
-                .create(&PostParams::default(), &quota)
-                .await
-                .expect("create quota");
-            // Admission uses the quota's status, which kube-controller-manager fills in.
-            wait_for("the quota's status", LONG, || async {
-                quotas
-                    .get("no-pods")
-                    .await
-                    .ok()
-                    .and_then(|q| q.status)
-                    .and_then(|s| s.hard)
-                    .is_some()
-            })
-            .await;
+            let no_pods = json!({"hard": {"pods": "0"}});
+            env.ns.create_quota("no-pods", no_pods).await;
         },
         "exceeded quota",
     )

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
-    Namespace, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
+    Namespace, PersistentVolume, PersistentVolumeClaim, Pod, ResourceQuota, ServiceAccount,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, PostParams};
@@ -481,6 +481,21 @@ impl Drop for TestNamespace {
 }
 
 impl TestNamespace {
+    /// Creates a ResourceQuota named `name` with `spec` and waits until kube-controller-manager
+    /// has filled in its status (admission reads it).
+    pub async fn create_quota(&self, name: &str, spec: serde_json::Value) {
+        let quota: ResourceQuota = from_json(json!({"metadata": {"name": name}, "spec": spec}));
+        let quotas: Api<ResourceQuota> = self.api();
+        quotas
+            .create(&PostParams::default(), &quota)
+            .await
+            .unwrap_or_else(|e| panic!("e2e: create quota {name}: {e}"));
+        wait_for_some("the quota's status", Duration::from_secs(120), || async {
+            quotas.get(name).await.ok().and_then(|q| q.status?.hard)
+        })
+        .await;
+    }
+
     fn clean_up(&mut self) {
         // Synchronous kubectl calls: Drop cannot await, and the test's runtime may be shutting down.
         let kubectl = |args: &[&str]| {
@@ -876,4 +891,14 @@ pub async fn http_get(port: u16, path: &str) -> (u16, String) {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
     (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// A finished command's exit code, stdout and stderr, for an assertion's message.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
