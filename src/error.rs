@@ -94,6 +94,9 @@ pub enum Error {
     /// The controller could not be configured (flags, kubeconfig, namespace).
     #[error("configuration: {0}")]
     Config(String),
+    /// The error of a read shared between callers (`crate::coalesce`): each of them gets it.
+    #[error(transparent)]
+    Shared(std::sync::Arc<Error>),
 }
 
 /// A result whose error is [`Error`].
@@ -270,6 +273,7 @@ impl Error {
             Error::Stopped(_) | Error::Joined { .. } | Error::Serve { .. } => Category::Task,
             Error::Config(_) => Category::Config,
             Error::LeadershipLost | Error::NotLeader => Category::NotLeader,
+            Error::Shared(inner) => inner.category(),
         }
     }
 }

@@ -14,7 +14,7 @@
 //! `resuming`), the pass runner and the reporter of every controller (`pass`, `report`), the
 //! wiring (`app`, and nothing else), flags (`cli`) and their checks (`settings`),
 //! logs (`telemetry`), signals and the bounded shutdown (`shutdown`), leader election (`leader`) and
-//! the write fence on the client (`fence`),
+//! the write fence on the client (`fence`), fresh reads shared between callers (`coalesce`),
 //! HTTP (`http`), metrics (`metrics`, `api_metrics`, `process`), outcomes (`reason`), errors
 //! (`error`), compatibility strings (`naming`), JSON patches (`apijson`), pod templates
 //! (`template`) and `kubectl scaledown` (`plugin`).
@@ -26,6 +26,7 @@ pub mod apijson;
 pub mod app;
 pub mod caches;
 pub mod cli;
+pub mod coalesce;
 pub mod error;
 pub mod fence;
 pub mod http;

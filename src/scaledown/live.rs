@@ -7,8 +7,39 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
+use crate::coalesce::Coalesce;
 use crate::error::{Error, Result};
 use crate::naming;
+
+/// Live lists of namespaces, each shared by the passes that asked for it before it was sent
+/// (`crate::coalesce`): the claim deletes of many cleanups that end together in one namespace wait
+/// for one list instead of sending one each.
+pub struct NamespaceLists {
+    client: Client,
+    reads: Coalesce<String, Listed, Error>,
+}
+
+impl NamespaceLists {
+    /// Lists read through `client`.
+    pub fn new(client: Client) -> Self {
+        NamespaceLists {
+            client,
+            reads: Coalesce::default(),
+        }
+    }
+
+    /// The claims and pods of `ns`, listed after this call began.
+    pub async fn list(&self, ns: &str) -> Result<Arc<Listed>> {
+        let client = self.client.clone();
+        let owned = ns.to_string();
+        self.reads
+            .get(ns.to_string(), move || async move {
+                list_namespace(&client, &owned).await
+            })
+            .await
+            .map_err(Error::Shared)
+    }
+}
 
 /// The claims, pods and cleanup pods of a namespace, read from the API server just now.
 pub struct Listed {

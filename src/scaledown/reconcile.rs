@@ -22,7 +22,7 @@ use crate::pass::Runner;
 use crate::scaledown::act::{Actor, Created, Done};
 use crate::scaledown::decide::{self, Confirm, Plan, Policy, Verdict, decide, status};
 use crate::scaledown::expect::{self, Expectations, GoneKind};
-pub use crate::scaledown::live::{Listed, list_namespace};
+pub use crate::scaledown::live::{Listed, NamespaceLists, list_namespace};
 use crate::scaledown::memory::Memories;
 use crate::scaledown::observe::{self, Observed, Rejection, SetFacts, SetRead, Sources};
 use crate::scaledown::room;
@@ -68,6 +68,8 @@ pub struct Context {
     waiting_for_room: Mutex<room::Waiting>,
     /// Times, backs off and reports every pass.
     pub runner: Runner<StatefulSet>,
+    /// The live lists of namespaces, shared between the passes that wait for one.
+    lists: NamespaceLists,
 }
 
 impl Context {
@@ -82,6 +84,7 @@ impl Context {
         runner: Runner<StatefulSet>,
     ) -> Self {
         Context {
+            lists: NamespaceLists::new(client.clone()),
             leadership,
             client,
             stores,
@@ -426,11 +429,11 @@ impl Context {
             ),
             Confirm::SetAndNamespace => {
                 let ns = live.namespace().unwrap_or_default();
-                let listed = list_namespace(&self.client, &ns).await?;
+                let listed = self.lists.list(&ns).await?;
                 (
-                    listed.claims,
-                    listed.pods,
-                    listed.cleanup_pods,
+                    listed.claims.clone(),
+                    listed.pods.clone(),
+                    listed.cleanup_pods.clone(),
                     SetRead::LiveAll,
                 )
             }
