@@ -23,7 +23,7 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 PLOTS = os.path.join(ROOT, "bench", "plots")
 MARKDOWN = os.path.join(ROOT, "BENCHMARKS.md")
 
-SCENARIOS = ["single", "sets20", "sets500", "corpus", "idle", "podbound"]
+SCENARIOS = ["single", "sets20", "sets500", "sets5000", "corpus", "idle", "podbound"]
 # kube-controller-manager work queues on the path of a scale-down's claims.
 QUEUES = ["statefulset", "garbage_collector_attempt_to_delete", "pvcprotection"]
 NOTES = os.path.join(ROOT, "bench", "notes.md")
@@ -31,6 +31,7 @@ TITLES = {
     "single": "1 set of 2 → 1, rounds one after another (latency floor)",
     "sets20": "20 sets of 3 → 2 at once",
     "sets500": "500 sets of 2 → 1 at once, one namespace",
+    "sets5000": "5,000 sets of 2 → 1 at once, 10 namespaces of 500",
     "corpus": "100 sets of 2 → 1 at once, each with its own shell-heavy cleanup template "
               "(`&&`, `||`, `|`, `<`, `>`, `2>&1`, here-docs, non-ASCII, U+2028, CRLF, YAML block scalars)",
     "idle": "idle: background pods and annotated sets, nothing changes",
@@ -126,10 +127,10 @@ def latest(runs, scenario):
 
 
 def baseline(runs, scenario, newest):
-    """The oldest run of the scenario on another controller commit, if any."""
+    """The oldest run of the scenario with the same parameters on another controller commit, if any."""
     commit = newest["versions"]["controller_commit"]
     older = [r for r in runs if r["scenario"] == scenario and r["versions"]["controller_commit"] != commit
-             and r["started_at"] < newest["started_at"]]
+             and r["started_at"] < newest["started_at"] and same_setup(r, newest)]
     return min(older, key=lambda r: r["started_at"]) if older else None
 
 
@@ -268,6 +269,230 @@ def cluster_of(run):
     }
 
 
+# === run sizes, regressions, growth (issue 25) ===
+
+# Parameters that do not change what a run measures, only when it gives up.
+NOT_SIZE = {"timeout"}
+# Scale-down scenarios of the growth plot, by number of sets.
+GROWTH = ["single", "sets20", "sets500", "sets5000"]
+# Regression rule: worse by more than this fraction AND by more than the absolute amount.
+NOISE_FRACTION = 0.25
+NOISE_MS = 50.0
+NOISE_CPU_S = 1.0
+
+
+def reductions(run):
+    """The parameters in which a run differs from its scenario's preset, as (name, value, preset).
+    Results written before the preset was recorded ran the preset (all committed ones did)."""
+    preset = run.get("preset") or {}
+    params = run.get("params") or {}
+    return [(k, params.get(k), v) for k, v in sorted(preset.items())
+            if k not in NOT_SIZE and params.get(k) != v]
+
+
+def reduced_label(run):
+    """'' for a run of the preset; else ' (reduced: sets 300 of 5000, set-namespaces 3 of 10)'."""
+    diffs = reductions(run)
+    if not diffs:
+        return ""
+    return " (reduced: " + ", ".join(f"{k} {num(v, 0)} of {num(w, 0)}" for k, v, w in diffs) + ")"
+
+
+def latest_full(runs, scenario):
+    """The newest run of the scenario at its preset's size (None: none yet)."""
+    own = [r for r in runs if r["scenario"] == scenario and not reductions(r)]
+    return max(own, key=lambda r: r["started_at"]) if own else None
+
+
+def same_setup(a, b):
+    """Two runs of the same scenario, parameters and controller flags (timeouts aside)."""
+    def size(r):
+        return {k: v for k, v in (r.get("params") or {}).items() if k not in NOT_SIZE}
+    return (a["scenario"] == b["scenario"] and size(a) == size(b)
+            and (a.get("controller_args") or []) == (b.get("controller_args") or []))
+
+
+def previous(runs, newest):
+    """The run before `newest` of the same scenario, parameters and flags (None: none)."""
+    older = [r for r in runs if same_setup(r, newest) and r["started_at"] < newest["started_at"]]
+    return max(older, key=lambda r: r["started_at"]) if older else None
+
+
+def cleanups_of(p):
+    return sum(r.get("orphans", 0) for r in (p or {}).get("rounds", []))
+
+
+def measures(run):
+    """The measures a regression is judged on: (name, value, unit) with unit 'ms' or 's' (CPU)."""
+    p = phase(run, "controller")
+    if not p:
+        return []
+    out = []
+    if run["scenario"] == "podbound":
+        for rnd in p.get("rounds", []):
+            key, label = PODBOUND_LATENCIES.get(rnd["name"], (None, rnd["name"]))
+            out.append((f"{rnd['name']}: {label}, p99", ((rnd.get("latency_ms") or {}).get(key) or {}).get("p99"),
+                        "ms"))
+            out.append((f"{rnd['name']}: controller CPU", rnd.get("cpu_s"), "s"))
+        return out
+    for _key, label, start, end in LATENCIES:
+        values = latencies(p, start, end)
+        if values:
+            out.append((f"{label}, p99", quantile(values, 0.99), "ms"))
+    cpu = ((p.get("controller") or {}).get("cpu_s") or {}).get("window")
+    out.append(("controller CPU in the window", cpu, "s"))
+    return out
+
+
+def worse(old, new, unit):
+    """Worse beyond noise: more than NOISE_FRACTION up and more than NOISE_MS / NOISE_CPU_S."""
+    if old is None or new is None:
+        return False
+    floor = NOISE_MS if unit == "ms" else NOISE_CPU_S
+    return new > old * (1 + NOISE_FRACTION) and new - old > floor
+
+
+def regressions(runs):
+    """The Regressions section: each scenario's newest run against the run before it of the same
+    setup; a row per measure that got worse beyond noise."""
+    rows, compared = [], []
+    for s in SCENARIOS:
+        new = latest(runs, s)
+        old = previous(runs, new) if new else None
+        if not old:
+            continue
+        compared.append(f"`{s}` {os.path.basename(new['_file'])} (`{commit_of(new)}`) against "
+                        f"{os.path.basename(old['_file'])} (`{commit_of(old)}`)")
+        before = {name: (v, unit) for name, v, unit in measures(old)}
+        for name, v, unit in measures(new):
+            was = before.get(name, (None, unit))[0]
+            if worse(was, v, unit):
+                rows.append(regression_row(s, name, unit, (old, was), (new, v)))
+    out = [f"Each scenario's newest run against the run before it with the same parameters and controller flags; "
+           f"a p99 latency or the controller's CPU is flagged when it got worse by more than "
+           f"{NOISE_FRACTION:.0%} **and** by more than {NOISE_MS:.0f} ms (latencies) or {NOISE_CPU_S:.0f} s (CPU) "
+           f"(bench/README.md). Compared: " + ("; ".join(compared) if compared else "none") + ".", ""]
+    if not rows:
+        return out + ["No regressions beyond noise."]
+    return out + ["| Scenario | Measure | previous run | newest run | change |", "|---|---|---|---|---|"] + rows
+
+
+def regression_row(scenario, name, unit, old, new):
+    """A row of the Regressions table; `old` and `new` are (run, value)."""
+    def cell(run, v):
+        text = ms_unit(v) if unit == "ms" else f"{v:.2f} s"
+        return f"{text} (`{commit_of(run)}`, load {num((run.get('loadavg_start') or [None])[0], 1)})"
+    ratio = f"× {new[1] / old[1]:.1f}" if old[1] else "from 0"
+    return (f"| `{scenario}`{reduced_label(new[0])} | {name} | {cell(*old)} | {cell(*new)} | {ratio} |")
+
+
+def growth_points(runs):
+    """Per scale-down scenario of GROWTH, its newest run: (scenario, label, sets, requests per
+    cleanup besides watches, controller CPU ms per cleanup, p99 pod gone → cleanup created, p99
+    cleanup Succeeded → claim deletion seen)."""
+    out = []
+    for s in GROWTH:
+        r = latest(runs, s)
+        p = phase(r, "controller") if r else None
+        c = (p or {}).get("controller")
+        n = cleanups_of(p)
+        if not c or not n:
+            continue
+        out.append({
+            "scenario": s,
+            "label": s + reduced_label(r),
+            "sets": int(r["params"]["sets"]),
+            "cleanups": n,
+            "requests": c["requests_in_window"]["non_watch_total"] / n,
+            "cpu_ms": c["cpu_s"]["window"] * 1000 / n,
+            "created_p99": quantile(latencies(p, "pod_gone_ms", "cleanup_created_ms"), 0.99),
+            "deletion_p99": quantile(latencies(p, "cleanup_succeeded_ms", "claim_deleting_ms"), 0.99),
+            "commit": commit_of(r),
+        })
+    return out
+
+
+def growth_section(runs):
+    points = growth_points(runs)
+    if not points:
+        return []
+    out = ["The newest run of each scale-down scenario, by the number of sets scaled down at once "
+           "(requests and CPU per cleanup from the controller's counters in the scale-down window).", "",
+           "| Run | Sets | Cleanups | Requests per cleanup (besides watches) | Controller CPU per cleanup | "
+           "p99 pod gone → cleanup created | p99 cleanup Succeeded → claim deletion seen |",
+           "|---|---|---|---|---|---|---|"]
+    for x in points:
+        out.append(f"| `{x['scenario']}`{x['label'][len(x['scenario']):]} `{x['commit']}` | {x['sets']} | "
+                   f"{x['cleanups']} | {x['requests']:.2f} | {x['cpu_ms']:.1f} ms | {ms_unit(x['created_p99'])} | "
+                   f"{ms_unit(x['deletion_p99'])} |")
+    return out + ["", "![cost and latency against the number of sets](bench/plots/growth.png)"]
+
+
+def reduced_lines(run):
+    """A warning under a section whose newest run is not at its preset's size."""
+    if not reductions(run):
+        return []
+    return [f"**Reduced run**{reduced_label(run)[1:-1].replace('reduced:', '', 1)}: not the scenario at full "
+            f"size; its targets count only full-size runs.", ""]
+
+
+def sets5000_targets(runs):
+    """The rows of issue 25's `sets5000` targets, from its newest full-size run only."""
+    r = latest_full(runs, "sets5000")
+    names = ["pod gone → cleanup created, p99, `sets5000` (≤ 1 s)",
+             "cleanup Succeeded → claim deletion seen, p99, `sets5000` (≤ 200 ms)",
+             "scale-down issued → last ordinal done, `sets5000` (≤ 1.5 × native)",
+             "cleanup pods created per ordinal, `sets5000` (exactly 1)",
+             "RSS after the 5,000-set run (≤ 60 MiB)",
+             "start → ready with 10,000 pods cached, `sets5000` (≤ 5 s)"]
+    p = phase(r, "controller") if r else None
+    if not p or not p.get("controller"):
+        reduced = [x for x in runs if x["scenario"] == "sets5000"]
+        why = "no full-size run yet" + (" (reduced runs only)" if reduced else "")
+        return [f"| {n} | {why} | – |" for n in names]
+    rows = []
+
+    def row(name, value, text, limit):
+        met = "–" if value is None else ("yes" if value <= limit else "no")
+        rows.append(f"| {name} | {text} | {met} |")
+
+    created = quantile(latencies(p, "pod_gone_ms", "cleanup_created_ms"), 0.99)
+    deletion = quantile(latencies(p, "cleanup_succeeded_ms", "claim_deleting_ms"), 0.99)
+    row(names[0], created, ms_unit(created), 1000)
+    row(names[1], deletion, ms_unit(deletion), 200)
+    done, native = all_done_ms(p), all_done_ms(phase(r, "native"))
+    ratio = done / native if done is not None and native else None
+    row(names[2], ratio, f"{ms_unit(done)} vs native {ms_unit(native)} (× {num(ratio, 2)})", 1.5)
+    rows.append(per_ordinal_row(names[3], p))
+    rss = p["controller"]["rss_mib"]["after"]
+    row(names[4], rss, f"{num(rss)} MiB", 60)
+    ready = p["controller"].get("start_to_ready_ms")
+    row(names[5], ready, ms_unit(ready), 5000)
+    return rows
+
+
+def per_ordinal_row(name, p):
+    """'N for M' cleanup pods seen per orphaned ordinal (exactly 1 asked), with why any extra came,
+    from the watches and the audit log."""
+    x = cleanup_stats(p)
+    if x is None:
+        return f"| {name} | – | – |"
+    extra = x["creates"] - x["ordinals"]
+    if extra == 0:
+        return f"| {name} | {x['creates']} for {x['ordinals']} | yes |"
+    why = []
+    if x["late"]:
+        why.append(f"{x['late']} deleted by others before they ran ("
+                   + ", ".join(f"{k} {v}" for k, v in sorted(x["late_by"].items())) + ")")
+    if x["controller_early"]:
+        why.append(f"{x['controller_early']} deleted by the controller before they ran")
+    missing = sum(1 for o in ordinals(p) if not o.get("cleanup_pods"))
+    if missing:
+        why.append(f"{missing} ordinals without any")
+    reason = ": " + "; ".join(why) if why else ""
+    return f"| {name} | {x['creates']} for {x['ordinals']} | no ({extra:+d}{reason}) |"
+
+
 # === markdown ===
 
 def runs_table(runs):
@@ -281,7 +506,7 @@ def runs_table(runs):
         c = cluster_of(r)
         cluster = "–" if c is None else (
             f"shared ({c['others']} other namespace{'' if c['others'] == 1 else 's'})" if c["shared"] else "fresh")
-        out.append(f"| `{s}` | {r['started_at']} | `{commit_of(r)}` | {r['seed']} | `{r['command']}` | {cluster} | "
+        out.append(f"| `{s}`{reduced_label(r)} | {r['started_at']} | `{commit_of(r)}` | {r['seed']} | `{r['command']}` | {cluster} | "
                    f"{num(load[0], 2)} | {num(r.get('duration_s', 0) / 60, 1)} min |")
     return out
 
@@ -523,6 +748,7 @@ def targets(runs):
         refused = refused_creates(window)
         met = "yes" if creates == cleanups else f"no ({creates - cleanups:+d}{': ' + refused if refused else ''})"
         rows.append(f"| pod create requests per cleanup, `{s}` (exactly 1) | {creates} for {cleanups} | {met} |")
+        rows.append(per_ordinal_row(f"cleanup pods created per ordinal (distinct UIDs seen), `{s}` (exactly 1)", p))
         by = requests_by_kind(window)
         row(f"requests per cleanup besides watches and Events, `{s}` (≤ 7)",
             (sum(by.values()) - by["Events"]) / cleanups, 7, lambda v: f"{v:.2f}")
@@ -531,6 +757,7 @@ def targets(runs):
     if r and phase(r, "controller") and phase(r, "controller").get("controller"):
         row("RSS after the 500-set run (≤ 40 MiB)", phase(r, "controller")["controller"]["rss_mib"]["after"], 40,
             lambda v: f"{v:.1f} MiB")
+    rows += sets5000_targets(runs)
     r = latest(runs, "idle")
     if r:
         c = r["phases"][0]["controller"]
@@ -560,7 +787,7 @@ def history(runs):
         def cell(v):
             return "–" if v is None else str(v)
 
-        out.append(f"| [{os.path.basename(r['_file'])}]({r['_file']}) | `{r['scenario']}` | {r['started_at']} | "
+        out.append(f"| [{os.path.basename(r['_file'])}]({r['_file']}) | `{r['scenario']}`{reduced_label(r)} | {r['started_at']} | "
                    f"`{commit_of(r)}` | {ms(created)} | {ms(deletion)} | {ms(released)} | {ms(all_done_ms(p))} | "
                    f"{cell(stats and stats['max'])} | {cell(stats and stats['late'])} | "
                    f"{cell(record_failures(stats))} | "
@@ -586,6 +813,7 @@ def markdown(runs):
         return "\n".join(out + ["No results yet: run `make bench`.", ""])
     out += runs_table(runs) + [""] + machine_lines(runs) + [""]
     out += ["## Targets", ""] + targets(runs) + [""]
+    out += ["## Regressions", ""] + regressions(runs) + [""]
     kinds = kinds_table(runs, ("single", "sets20", "sets500"))
     if kinds:
         out += ["## Requests per cleanup, by kind", "",
@@ -593,11 +821,14 @@ def markdown(runs):
                 "(`scaledown_api_requests_total` by verb, resource and code). Set patches carry the finalizer, "
                 "the record, the status annotations and the test-only guard before a release; they are one "
                 "resource to the counter.", ""] + kinds + [""]
+    growth = growth_section(runs)
+    if growth:
+        out += ["## How cost grows with the number of sets", ""] + growth + [""]
     for s in SCENARIOS:
         r = latest(runs, s)
         if r is None:
             continue
-        out += [f"## `{s}`: {TITLES[s]}", ""]
+        out += [f"## `{s}`: {TITLES[s]}", ""] + reduced_lines(r)
         if s == "idle":
             out += idle_section(r) + [""]
             continue
@@ -653,7 +884,7 @@ def plot_latencies(plt, runs, scenario):
         ax.set_title(label, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"{scenario}: {TITLES[scenario]} ({r['started_at']})", fontsize=11)
+    fig.suptitle(f"{scenario}{reduced_label(r)}: {TITLES[scenario]} ({r['started_at']})", fontsize=11)
     fig.tight_layout()
     fig.savefig(os.path.join(PLOTS, f"latency-{scenario}.png"), dpi=90, metadata={"Software": None})
     plt.close(fig)
@@ -687,6 +918,40 @@ def plot_memory(plt, runs):
     plt.close(fig)
 
 
+def plot_growth(plt, runs):
+    """bench/plots/growth.png: requests and CPU per cleanup, and two p99 latencies, against the
+    number of sets (log x), one point per scale-down scenario's newest run."""
+    points = sorted(growth_points(runs), key=lambda x: x["sets"])
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    xs = [x["sets"] for x in points]
+    panels = [
+        (axes[0], [("requests", "requests besides watches")], "requests per cleanup", False),
+        (axes[1], [("cpu_ms", "controller CPU")], "CPU ms per cleanup", False),
+        (axes[2], [("created_p99", "p99 pod gone → cleanup created"),
+                   ("deletion_p99", "p99 cleanup Succeeded → claim deletion seen")], "ms (log)", True),
+    ]
+    for ax, series, ylabel, logy in panels:
+        for key, label in series:
+            ys = [x[key] for x in points]
+            ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", label=label)
+        for x in points:
+            ax.annotate(x["label"].replace(" (reduced: ", "\n(reduced: "), (x["sets"], x[series[0][0]] or 0),
+                        textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.set_xscale("log")
+        if logy:
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
+        ax.set_xlabel("sets scaled down at once (log)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle("how cost and latency grow with the number of sets (newest run of each scenario)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(os.path.join(PLOTS, "growth.png"), dpi=90, metadata={"Software": None})
+    plt.close(fig)
+
+
 def plots(runs):
     import matplotlib
 
@@ -699,6 +964,8 @@ def plots(runs):
             plot_latencies(plt, runs, s)
     if runs:
         plot_memory(plt, runs)
+    if growth_points(runs):
+        plot_growth(plt, runs)
 
 
 def referenced_plots(text):

@@ -4,6 +4,10 @@
 //! - `single`: 1 set of 2 scaled to 1, ten rounds one after another (the latency floor);
 //! - `sets20`: 20 sets of 3 scaled to 2 at once;
 //! - `sets500`: 500 sets of 2 scaled to 1 at once, in one namespace;
+//! - `sets5000`: 5,000 sets of 2 scaled to 1 at once, in 10 namespaces of 500 (`--set-namespaces`
+//!   spreads the sets of any scale-down scenario over that many namespaces); the controller starts
+//!   once the 10,000 pods run (`--start-after-setup 1`), so its start → ready lists them all. Not
+//!   in `make bench`'s default list (setup alone takes many minutes): `make bench SCENARIO=sets5000`;
 //! - `corpus`: 100 sets of 2 scaled to 1 at once, each with its own cleanup template full of shell
 //!   operators, here-docs, non-ASCII text, U+2028, CRLF and YAML block scalars (`bench/corpus.rs`;
 //!   `--corpus 1` gives any scale-down scenario those templates). Not in `make bench`'s default
@@ -31,10 +35,17 @@
 //!
 //! On a cluster that other runs use at the same time (namespaces besides the system ones), the
 //! controller watches only the phase's namespace (`--namespace`), so it neither acts on their sets
-//! nor they on its; the result records that (`phases[].cluster`).
+//! nor they on its; the result records that (`phases[].cluster`). The controller takes one
+//! namespace or all of them, so a phase of several namespaces (`--set-namespaces` above 1) runs
+//! only on a cluster of its own: on a shared one it is refused (`phases[].setup_refused`).
+//!
+//! A result records its scenario's preset (`preset`) beside the parameters it ran with
+//! (`params`): a run whose parameters differ from the preset (say `--sets 300` for `sets5000`)
+//! is a reduced run, and `bench/report.py` labels it with the differences.
 //!
 //! Arguments: `--scenario NAME --seed N [--sets N --claims N --replicas N --to N --rounds N --pods N
-//! --pod-namespaces N --set-namespaces N --idle-seconds N --cleanup-seconds X --timeout SECS
+//! --pod-namespaces N --set-namespaces N --start-after-setup 0|1 --idle-seconds N --cleanup-seconds X
+//! --timeout SECS
 //! --corpus 0|1 --modes controller,native --controller-arg FLAG ... --out DIR]`, or `--self-test`.
 
 mod support;
@@ -67,14 +78,18 @@ use serde_json::{Value, json};
 
 use scaledown::Mode;
 
-/// The scenarios. `make bench` runs all but `corpus` and `podbound` by default (the Makefile's
-/// list), in this order; `make bench SCENARIO=corpus` runs that one.
-const SCENARIOS: [&str; 6] = ["single", "sets20", "sets500", "corpus", "idle", "podbound"];
+/// The scenarios. `make bench` runs all but `sets5000`, `corpus` and `podbound` by default (the
+/// Makefile's list), in this order; `make bench SCENARIO=corpus` runs that one.
+const SCENARIOS: [&str; 7] = [
+    "single", "sets20", "sets500", "sets5000", "corpus", "idle", "podbound",
+];
 
 struct Options {
     scenario: String,
     seed: u64,
     values: BTreeMap<&'static str, String>,
+    /// The scenario's preset, before the overrides.
+    preset: BTreeMap<&'static str, String>,
     modes: Vec<Mode>,
     controller_args: Vec<String>,
     out: PathBuf,
@@ -103,6 +118,16 @@ fn preset(scenario: &str) -> Option<Vec<(&'static str, &'static str)>> {
             ("to", "1"),
             ("rounds", "1"),
         ],
+        "sets5000" => &[
+            ("sets", "5000"),
+            ("set-namespaces", "10"),
+            ("replicas", "2"),
+            ("to", "1"),
+            ("rounds", "1"),
+            ("start-after-setup", "1"),
+            // Per wait: 10,000 pods to start, 5,000 cleanups, 10 namespaces to delete.
+            ("timeout", "2400"),
+        ],
         "corpus" => &[
             ("sets", "100"),
             ("replicas", "2"),
@@ -124,10 +149,11 @@ fn preset(scenario: &str) -> Option<Vec<(&'static str, &'static str)>> {
         ],
         _ => return None,
     };
+    // A scenario's own value overrides the common one (the later entry wins in `options`).
     Some(common.iter().chain(own).copied().collect())
 }
 
-const PARAMETERS: [&str; 13] = [
+const PARAMETERS: [&str; 14] = [
     "sets",
     "claims",
     "replicas",
@@ -136,6 +162,7 @@ const PARAMETERS: [&str; 13] = [
     "pods",
     "pod-namespaces",
     "set-namespaces",
+    "start-after-setup",
     "idle-seconds",
     "cleanup-seconds",
     "timeout",
@@ -148,6 +175,7 @@ fn options() -> Result<Options, String> {
         scenario: String::new(),
         seed: 42,
         values: BTreeMap::new(),
+        preset: BTreeMap::new(),
         modes: vec![Mode::Controller, Mode::Native],
         controller_args: Vec::new(),
         out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("bench/results"),
@@ -197,10 +225,11 @@ fn options() -> Result<Options, String> {
         "--scenario must be one of {SCENARIOS:?}, got {:?}",
         o.scenario
     ))?;
-    o.values = preset
+    o.preset = preset
         .into_iter()
         .map(|(k, v)| (k, v.to_string()))
         .collect();
+    o.values = o.preset.clone();
     o.values.extend(overrides);
     if let Some(seed) = o.values.remove("seed") {
         o.seed = seed.parse().map_err(|_| "--seed must be an integer")?;
@@ -311,6 +340,8 @@ async fn run(o: &Options) -> Value {
             replicas: o.count("replicas") as i32,
             to: o.count("to") as i32,
             rounds: o.count("rounds").max(1),
+            set_namespaces: o.count("set-namespaces").max(1),
+            start_after_setup: o.number("start-after-setup") > 0.0,
             cleanup_seconds: o.number("cleanup-seconds"),
             timeout: o.timeout(),
             corpus: o.number("corpus") > 0.0,
@@ -322,11 +353,17 @@ async fn run(o: &Options) -> Value {
     let command = std::env::var("BENCH_COMMAND")
         .unwrap_or_else(|_| std::env::args().collect::<Vec<_>>().join(" "));
     let params: BTreeMap<&str, f64> = o.values.keys().map(|k| (*k, o.number(k))).collect();
+    let preset: BTreeMap<&str, f64> = o
+        .preset
+        .iter()
+        .map(|(k, v)| (*k, v.parse().unwrap_or(0.0)))
+        .collect();
     json!({
         "schema": 1,
         "scenario": o.scenario,
         "seed": o.seed,
         "params": params,
+        "preset": preset,
         "controller_args": o.controller_args,
         "command": command,
         "started_at": started_at,

@@ -4,7 +4,7 @@
 //! The watches see that a pod went away; only the audit log says who sent the DELETE.
 //!
 //! A phase takes a [`Mark`] (file, inode and size) before its first scale-down and reads what was
-//! appended since, keeping only its own namespace's entries. The log rotates at 200 MB into one
+//! appended since, keeping only its own namespaces' entries. The log rotates at 200 MB into one
 //! backup (`audit-<time>.log`); a rotation in between is followed through the backup's inode.
 
 use std::collections::BTreeMap;
@@ -81,21 +81,24 @@ pub fn mark() -> Option<Mark> {
     })
 }
 
-/// The entries of `namespace` appended since `mark` (a partial last line is left out).
-pub fn read_since(mark: &Mark, namespace: &str) -> Slice {
+/// The entries of `namespaces` appended since `mark` (a partial last line is left out).
+pub fn read_since(mark: &Mark, namespaces: &[String]) -> Slice {
     let mut out = Slice::default();
-    let needle = format!("\"namespace\":\"{namespace}\"");
+    let needles: Vec<String> = namespaces
+        .iter()
+        .map(|ns| format!("\"namespace\":\"{ns}\""))
+        .collect();
     let current = std::fs::metadata(&mark.path).map(|m| m.ino()).ok();
     if current == Some(mark.inode) {
-        scan(&mark.path, mark.offset, &needle, &mut out);
+        scan(&mark.path, mark.offset, &needles, &mut out);
         return out;
     }
     // Rotated: the rest of the old file is the backup with the old inode, then the new file.
     match rotated(&mark.path, mark.inode) {
-        Some(old) => scan(&old, mark.offset, &needle, &mut out),
+        Some(old) => scan(&old, mark.offset, &needles, &mut out),
         None => out.incomplete = true,
     }
-    scan(&mark.path, 0, &needle, &mut out);
+    scan(&mark.path, 0, &needles, &mut out);
     out
 }
 
@@ -107,7 +110,7 @@ fn rotated(path: &Path, inode: u64) -> Option<PathBuf> {
         .find(|p| std::fs::metadata(p).is_ok_and(|m| m.ino() == inode))
 }
 
-fn scan(path: &Path, offset: u64, needle: &str, out: &mut Slice) {
+fn scan(path: &Path, offset: u64, needles: &[String], out: &mut Slice) {
     let Ok(mut file) = std::fs::File::open(path) else {
         out.incomplete = true;
         return;
@@ -125,7 +128,7 @@ fn scan(path: &Path, offset: u64, needle: &str, out: &mut Slice) {
             Ok(_) if !line.ends_with('\n') => break,
             Ok(_) => {}
         }
-        if !line.contains(needle) {
+        if !needles.iter().any(|n| line.contains(n.as_str())) {
             out.other_lines += 1;
             continue;
         }
@@ -257,8 +260,8 @@ fn count_by<'a>(items: impl Iterator<Item = String> + 'a) -> BTreeMap<String, u6
 }
 
 /// The phase's numbers from the log: the controller's record patches (refused ones by code), its
-/// cleanup pod creates, and every pod DELETE by actor and code.
-pub fn phase_json(read: Option<&Slice>, namespace: &str) -> Value {
+/// cleanup pod creates, and every pod DELETE by actor and code, over the phase's `namespaces`.
+pub fn phase_json(read: Option<&Slice>, namespaces: &[String]) -> Value {
     let Some(read) = read else {
         return json!({"available": false});
     };
@@ -292,7 +295,7 @@ pub fn phase_json(read: Option<&Slice>, namespace: &str) -> Value {
     };
     json!({
         "available": true,
-        "namespace": namespace,
+        "namespace": namespaces.join(","),
         "incomplete": read.incomplete,
         "entries": read.entries.len(),
         "other_namespaces_lines": read.other_lines,
@@ -424,7 +427,7 @@ pub fn self_test() -> Result<usize, String> {
         other_lines: 3,
         incomplete: false,
     };
-    let j = phase_json(Some(&read), "ns");
+    let j = phase_json(Some(&read), &["ns".to_string()]);
     expect(
         j["record_patches"]["total"] == json!(1)
             && j["record_patches"]["failed_by_code"]["422"] == json!(1),

@@ -1,26 +1,29 @@
-//! A scale-down phase: `sets` StatefulSets of `replicas` pods in one namespace, all scaled to `to`
+//! A scale-down phase: `sets` StatefulSets of `replicas` pods in `set_namespaces` namespaces (in
+//! blocks: the first namespace holds the first `sets / set_namespaces` sets), all scaled to `to`
 //! at once, `rounds` times (scaled back up in between). Either the controller cleans the orphaned
 //! claims (mode `controller`), or Kubernetes deletes them itself (`native`:
 //! `persistentVolumeClaimRetentionPolicy.whenScaled: Delete`, no controller running).
-//! Every pod and claim change is recorded by a watch; the timelines come from those records.
+//! Every pod and claim change is recorded by a watch per namespace; the timelines come from those
+//! records. Set names (`s-0000`, ...) are unique over all the phase's namespaces, so a pod or
+//! claim name names one ordinal.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::Api;
-use kube::runtime::watcher;
 use serde_json::{Value, json};
 use statefulset_scaledown_controller::naming;
 
 use crate::audit;
 use crate::probe::{self, round3};
-use crate::support::Cluster;
 use crate::support::fixtures::{SetSpec, template_running_for};
-use crate::support::recorder::{Recorder, Seen};
+use crate::support::recorder::Seen;
+use crate::support::{Cluster, TestNamespace};
 use crate::timeline::{self, Change, Orphan, SetChange, Timeline};
 use crate::under_test::UnderTest;
-use crate::world::{self, Latest, Rng, bound, running};
+use crate::world::{self, Latest, Rng, Watches, bound, running};
 
 #[derive(Clone, Debug)]
 pub struct Params {
@@ -28,13 +31,25 @@ pub struct Params {
     pub replicas: i32,
     pub to: i32,
     pub rounds: usize,
+    /// How many namespaces the sets are spread over (at least 1).
+    pub set_namespaces: usize,
+    /// The controller starts once every pod runs and every claim is bound (its start → ready then
+    /// lists them all), not before the sets are created.
+    pub start_after_setup: bool,
     /// How long a cleanup pod runs under KWOK (`sim.scaledown.io/after`).
     pub cleanup_seconds: f64,
-    /// Per wait: sets up, one round done.
+    /// Per wait: sets up, one round done, the namespaces gone.
     pub timeout: Duration,
     /// Every set gets its own cleanup template from [`crate::corpus`] (shell operators, here-docs,
     /// non-ASCII, U+2028, CRLF, YAML) instead of the plain JSON one.
     pub corpus: bool,
+}
+
+impl Params {
+    /// The namespaces the sets are spread over: `set_namespaces`, at least 1, at most one per set.
+    pub fn namespaces(&self) -> usize {
+        self.set_namespaces.clamp(1, self.sets.max(1))
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,15 +67,50 @@ impl Mode {
     }
 }
 
+/// One set of the phase: the index of its namespace in [`Phase::namespaces`], and its name.
+type SetRef = (usize, String);
+
 struct Phase {
     cluster: Cluster,
-    ns: crate::support::TestNamespace,
-    names: Vec<String>,
-    pods: Recorder<Pod>,
-    claims: Recorder<PersistentVolumeClaim>,
-    sets: Recorder<StatefulSet>,
+    namespaces: Vec<TestNamespace>,
+    sets: Vec<SetRef>,
+    pods: Watches<Pod>,
+    claims: Watches<PersistentVolumeClaim>,
+    set_watches: Watches<StatefulSet>,
     latest_pods: Latest<Pod>,
     latest_claims: Latest<PersistentVolumeClaim>,
+}
+
+/// How the controller is limited to the phase's namespaces: the scope the result records
+/// (`cluster`, or `namespace`: the bench adds `--namespace`); Err: it cannot be, and the phase
+/// does not run. The controller watches one namespace (`--namespace`) or all of them: on a cluster other
+/// runs use (`others`), a phase of one namespace gets `--namespace`; a phase of several namespaces
+/// runs only on a cluster of its own, where watching all of them is watching its own.
+fn scope(
+    mode: Mode,
+    namespaces: usize,
+    others: &[String],
+    controller_args: &[String],
+) -> Result<Option<&'static str>, String> {
+    if mode == Mode::Native {
+        return Ok(None);
+    }
+    let given = controller_args
+        .iter()
+        .any(|a| a.starts_with("--namespace") || a.starts_with("--localOnly"));
+    if others.is_empty() || given {
+        return Ok(Some("cluster"));
+    }
+    if namespaces > 1 {
+        return Err(format!(
+            "the cluster is shared ({} other namespaces: {}) and the controller can be limited to \
+             one namespace only (--namespace); a phase of {namespaces} namespaces needs a cluster \
+             of its own (hack/cluster.sh down, then run it again)",
+            others.len(),
+            others.join(", ")
+        ));
+    }
+    Ok(Some("namespace"))
 }
 
 /// Runs one phase and returns its JSON (timelines, latency summaries, controller and control
@@ -74,155 +124,72 @@ pub async fn run(
 ) -> Value {
     let cluster = Cluster::connect().await;
     println!(
-        "bench: {scenario}/{}: {} sets of {} -> {}, {} round(s)",
+        "bench: {scenario}/{}: {} sets of {} -> {} in {} namespace(s), {} round(s)",
         mode.as_str(),
         p.sets,
         p.replicas,
         p.to,
+        p.namespaces(),
         p.rounds
     );
     let t0 = Instant::now();
-    let ns = cluster
-        .namespace(&format!("bench-{scenario}-{}", mode.as_str()))
-        .await;
-    let spare = p.sets * (p.replicas - p.to) as usize * p.rounds.saturating_sub(1);
-    let pvs = world::static_pvs(&ns, p.sets * p.replicas as usize + spare).await;
-    let pods = Recorder::start(ns.api(), watcher::Config::default()).await;
-    let claims = Recorder::start(ns.api(), watcher::Config::default()).await;
-    let set_recorder = Recorder::start(ns.api(), watcher::Config::default()).await;
-    let others_at_start = world::other_namespaces(&cluster.client, &ns.name).await;
-    // On a cluster other runs use too, a controller watching every namespace would act on their
-    // sets (and they would see its pods): it watches only the phase's namespace then.
-    let scoped = !others_at_start.is_empty()
-        && !controller_args
-            .iter()
-            .any(|a| a.starts_with("--namespace") || a.starts_with("--localOnly"));
-    let mut args = controller_args.to_vec();
-    if scoped {
-        args.push(format!("--namespace={}", ns.name));
+    let others_at_start = world::other_namespaces(&cluster.client, &[]).await;
+    let scope = match scope(mode, p.namespaces(), &others_at_start, controller_args) {
+        Ok(s) => s,
+        Err(reason) => {
+            println!("bench:   REFUSED: {reason}");
+            return json!({"mode": mode.as_str(), "setup_ok": false, "setup_refused": reason,
+                "set_namespaces": p.namespaces(), "rounds": [],
+                "cluster": {"shared": true, "other_namespaces_at_start": others_at_start.len(),
+                    "other_namespaces_at_end": others_at_start.len(), "controller_scope": null}});
+        }
+    };
+    let (mut phase, mut controller, preflight) =
+        Phase::create(cluster, scenario, p, mode, seed, controller_args, scope).await;
+    if mode == Mode::Controller && p.start_after_setup {
+        // Every pod running and claim bound first (the native wait has no finalizers to see),
+        // so the controller starts with them all to list: start → ready with a full cache.
+        let up = phase.wait_up(p, Mode::Native).await;
+        println!("bench:   pods up before the controller starts (ok: {up})");
+        let own = phase.own();
+        let c = start(&phase.cluster, scenario, &own, controller_args, scope).await;
+        controller = Some(c);
     }
     if !others_at_start.is_empty() {
         println!(
             "bench:   shared cluster: {} other namespaces{}",
             others_at_start.len(),
-            if scoped && mode == Mode::Controller {
-                format!("; the controller watches only {}", ns.name)
+            if scope == Some("namespace") {
+                format!("; the controller watches only {}", phase.namespaces[0].name)
             } else {
                 String::new()
             }
         );
     }
-    let controller = match mode {
-        Mode::Controller => {
-            Some(UnderTest::start(&cluster, &format!("bench-{scenario}"), &args).await)
-        }
-        Mode::Native => None,
-    };
-    let names: Vec<String> = (0..p.sets).map(|i| format!("s-{i:04}")).collect();
-    let after = format!("{}ms", (p.cleanup_seconds * 1000.0) as u64);
-    let templates: Vec<String> = if p.corpus {
-        crate::corpus::templates(p.sets, &after, seed)
-    } else {
-        vec![template_running_for(&after); p.sets]
-    };
-    let mut preflight = Vec::new();
-    if p.corpus && mode == Mode::Controller {
-        preflight = crate::corpus::preflight(&ns.api(), &templates).await;
-        for refusal in &preflight {
-            println!("bench:   corpus: the API server refuses a pod of {refusal}");
-        }
-    }
-    let sets = names
-        .iter()
-        .zip(&templates)
-        .map(|(n, t)| set(n, t, &pvs.class, p, mode))
-        .collect();
-    let api: Api<StatefulSet> = ns.api();
-    world::create_all(|_| api.clone(), sets).await;
-    let mut phase = Phase {
-        cluster,
-        ns,
-        names,
-        pods,
-        claims,
-        sets: set_recorder,
-        latest_pods: Latest::new(),
-        latest_claims: Latest::new(),
-    };
     let setup_ok = phase.wait_up(p, mode).await;
     let setup_s = t0.elapsed().as_secs_f64();
     println!("bench:   set up in {setup_s:.1} s (ok: {setup_ok})");
-
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = match &controller {
-        Some(c) => Some(c.snapshot().await),
-        None => None,
-    };
-    let (cp_before, cpu_before, load_before) = (
-        probe::component_metrics().await,
-        probe::component_cpu(),
-        probe::loadavg(),
-    );
-    let mut rng = Rng::new(seed);
-    let mut rounds = Vec::new();
-    let audit_mark = audit::mark();
-    let started = Instant::now();
-    for round in 0..p.rounds {
-        if !setup_ok {
-            break;
-        }
-        rounds.push(phase.round(round, p, mode, &mut rng).await);
-        if round + 1 < p.rounds {
-            world::scale_all(&phase.ns.api(), &phase.names, p.replicas).await;
-            if !phase.wait_up(p, mode).await {
-                break;
-            }
-        }
-    }
-    let scale_s = started.elapsed().as_secs_f64();
-    // Let the controller go quiet before "after": what it keeps is what it holds at rest (and the
-    // API server write the last audit entries of the rounds).
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let cpu_after = probe::component_cpu();
-    let cpu: std::collections::BTreeMap<String, f64> = probe::delta(&cpu_after, &cpu_before);
-    let control_plane =
-        probe::control_plane_json(&probe::component_metrics().await, &cp_before, &cpu);
-    let controller_json = match (&controller, &before) {
-        (Some(c), Some(b)) => c.json(b, &c.snapshot().await),
-        _ => Value::Null,
-    };
-    let load_after = probe::loadavg();
-    // Read after the snapshots, so the parsing is not in the controller's window.
-    let audit_read = audit_mark.map(|m| audit::read_since(&m, &phase.ns.name));
-    let identity = audit_read
-        .as_ref()
-        .and_then(|r| audit::identity(&r.entries));
-    let rounds: Vec<Value> = rounds
-        .iter()
-        .map(|r| r.json(audit_read.as_ref(), identity.as_ref()))
-        .collect();
-    let audit_json = audit::phase_json(audit_read.as_ref(), &phase.ns.name);
-    let others_at_end = world::other_namespaces(&phase.cluster.client, &phase.ns.name).await;
-    let teardown = phase.teardown(controller).await;
+    let measured = phase
+        .measure(p, mode, seed, setup_ok, controller.as_ref())
+        .await;
+    let others_at_end = world::other_namespaces(&phase.cluster.client, &phase.own()).await;
+    let teardown = phase.teardown(controller, p.timeout).await;
     json!({
         "mode": mode.as_str(),
         "setup_ok": setup_ok,
-        "wall_s": {"setup": round3(setup_s), "rounds": round3(scale_s), "teardown": teardown},
-        "loadavg": {"before": load_before, "after": load_after},
-        "rounds": rounds,
-        "controller": controller_json,
-        "control_plane": control_plane,
-        "audit": audit_json,
+        "set_namespaces": p.namespaces(),
+        "wall_s": {"setup": round3(setup_s), "rounds": measured["scale_s"], "teardown": teardown},
+        "loadavg": measured["loadavg"],
+        "rounds": measured["rounds"],
+        "controller": measured["controller"],
+        "control_plane": measured["control_plane"],
+        "audit": measured["audit"],
         "corpus_preflight_refused": preflight,
         "cluster": {
             "shared": !others_at_start.is_empty() || !others_at_end.is_empty(),
             "other_namespaces_at_start": others_at_start.len(),
             "other_namespaces_at_end": others_at_end.len(),
-            "controller_scope": match mode {
-                Mode::Native => Value::Null,
-                Mode::Controller if scoped => json!("namespace"),
-                Mode::Controller => json!("cluster"),
-            },
+            "controller_scope": scope,
         },
     })
 }
@@ -242,30 +209,154 @@ fn set(name: &str, template: &str, class: &str, p: &Params, mode: Mode) -> State
     spec.build()
 }
 
+/// Starts the controller under test, with `--namespace` if `scope` says so.
+async fn start(
+    cluster: &Cluster,
+    scenario: &str,
+    own: &[String],
+    controller_args: &[String],
+    scope: Option<&str>,
+) -> UnderTest {
+    let mut args = controller_args.to_vec();
+    if scope == Some("namespace") {
+        args.push(format!("--namespace={}", own[0]));
+    }
+    UnderTest::start(cluster, &format!("bench-{scenario}"), &args).await
+}
+
+/// The phase's sets: `s-0000`, ... in blocks of `sets / namespaces` (rounded up) per namespace.
+fn placement(sets: usize, namespaces: usize) -> Vec<SetRef> {
+    let per_namespace = sets.div_ceil(namespaces.max(1)).max(1);
+    (0..sets)
+        .map(|i| (i / per_namespace, format!("s-{i:04}")))
+        .collect()
+}
+
 impl Phase {
+    /// The namespaces, their PVs, the watches, the controller (unless it starts after the setup)
+    /// and the sets; returns the phase, the controller and the corpus preflight's refusals.
+    async fn create(
+        cluster: Cluster,
+        scenario: &str,
+        p: &Params,
+        mode: Mode,
+        seed: u64,
+        controller_args: &[String],
+        scope: Option<&str>,
+    ) -> (Phase, Option<UnderTest>, Vec<String>) {
+        let k = p.namespaces();
+        let mut namespaces = Vec::with_capacity(k);
+        for j in 0..k {
+            let label = match k {
+                1 => format!("bench-{scenario}-{}", mode.as_str()),
+                _ => format!("bench-{scenario}-{}-{j}", mode.as_str()),
+            };
+            namespaces.push(cluster.namespace(&label).await);
+        }
+        let sets = placement(p.sets, k);
+        let per_set =
+            p.replicas as usize + (p.replicas - p.to) as usize * p.rounds.saturating_sub(1);
+        let mut classes = Vec::with_capacity(k);
+        for (j, ns) in namespaces.iter().enumerate() {
+            let n = sets.iter().filter(|(i, _)| *i == j).count();
+            classes.push(world::static_pvs(ns, n * per_set).await.class);
+        }
+        let own: Vec<String> = namespaces.iter().map(|n| n.name.clone()).collect();
+        let client = cluster.client.clone();
+        let (pods, claims, set_watches) = tokio::join!(
+            Watches::start(&client, &own),
+            Watches::start(&client, &own),
+            Watches::start(&client, &own),
+        );
+        let mut controller = None;
+        if mode == Mode::Controller && !p.start_after_setup {
+            controller = Some(start(&cluster, scenario, &own, controller_args, scope).await);
+        }
+        let after = format!("{}ms", (p.cleanup_seconds * 1000.0) as u64);
+        let templates: Vec<String> = if p.corpus {
+            crate::corpus::templates(p.sets, &after, seed)
+        } else {
+            vec![template_running_for(&after); p.sets]
+        };
+        let mut preflight = Vec::new();
+        if p.corpus && mode == Mode::Controller {
+            preflight = crate::corpus::preflight(&namespaces[0].api(), &templates).await;
+            for refusal in &preflight {
+                println!("bench:   corpus: the API server refuses a pod of {refusal}");
+            }
+        }
+        let objects: Vec<StatefulSet> = sets
+            .iter()
+            .zip(&templates)
+            .map(|((j, name), t)| {
+                let mut object = set(name, t, &classes[*j], p, mode);
+                object.metadata.namespace = Some(own[*j].clone());
+                object
+            })
+            .collect();
+        world::create_all(
+            |s: &StatefulSet| {
+                Api::namespaced(
+                    client.clone(),
+                    s.metadata.namespace.as_deref().unwrap_or_default(),
+                )
+            },
+            objects,
+        )
+        .await;
+        let phase = Phase {
+            cluster,
+            namespaces,
+            sets,
+            pods,
+            claims,
+            set_watches,
+            latest_pods: Latest::new(),
+            latest_claims: Latest::new(),
+        };
+        (phase, controller, preflight)
+    }
+
+    /// The names of the phase's namespaces.
+    fn own(&self) -> Vec<String> {
+        self.namespaces.iter().map(|n| n.name.clone()).collect()
+    }
+
+    fn namespace_of(&self, set: &SetRef) -> &str {
+        &self.namespaces[set.0].name
+    }
+
+    /// The API and name of each of `sets`, for [`world::scale_all`].
+    fn targets(&self, sets: &[SetRef]) -> Vec<(Api<StatefulSet>, String)> {
+        sets.iter()
+            .map(|s| (self.namespaces[s.0].api(), s.1.clone()))
+            .collect()
+    }
+
+    fn refresh(&mut self) {
+        self.latest_pods.refresh_all(&self.pods.recorders);
+        self.latest_claims.refresh_all(&self.claims.recorders);
+    }
+
     /// Waits until every pod of every set runs and its claim is bound (and, with the controller,
     /// every set carries its finalizer).
     async fn wait_up(&mut self, p: &Params, mode: Mode) -> bool {
         let deadline = Instant::now() + p.timeout;
-        let api: Api<StatefulSet> = self.ns.api();
+        let mut last_report = Instant::now();
         loop {
-            self.latest_pods.refresh(&self.pods);
-            self.latest_claims.refresh(&self.claims);
+            self.refresh();
             let missing = self
-                .names
+                .sets
                 .iter()
                 .flat_map(|s| (0..p.replicas).map(move |n| (s, n)))
                 .filter(|(s, n)| {
-                    let pod = self.latest_pods.get(&self.ns.name, &format!("{s}-{n}"));
-                    let claim = self
-                        .latest_claims
-                        .get(&self.ns.name, &format!("data-{s}-{n}"));
+                    let ns = self.namespace_of(s);
+                    let pod = self.latest_pods.get(ns, &format!("{}-{n}", s.1));
+                    let claim = self.latest_claims.get(ns, &format!("data-{}-{n}", s.1));
                     !(pod.is_some_and(running) && claim.is_some_and(bound))
                 })
                 .count();
-            let finalized = mode == Mode::Native
-                || missing > 0
-                || world::with_finalizer(&api).await == self.names.len();
+            let finalized = mode == Mode::Native || missing > 0 || self.finalized().await;
             if missing == 0 && finalized {
                 return true;
             }
@@ -273,43 +364,128 @@ impl Phase {
                 println!("bench:   TIMEOUT: {missing} pods not running or claims not bound");
                 return false;
             }
+            if last_report.elapsed() >= Duration::from_secs(30) {
+                println!("bench:   ... {missing} pods not running or claims not bound");
+                last_report = Instant::now();
+            }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Every set of the phase carries the controller's finalizer.
+    async fn finalized(&self) -> bool {
+        let mut n = 0;
+        for ns in &self.namespaces {
+            n += world::with_finalizer(&ns.api()).await;
+        }
+        n == self.sets.len()
+    }
+
+    /// The rounds and what they cost: the controller's numbers between a snapshot before the
+    /// first round and one 5 s after the last, the control plane's, and the audit log's. Returns
+    /// `{rounds, scale_s, loadavg, controller, control_plane, audit}`.
+    async fn measure(
+        &mut self,
+        p: &Params,
+        mode: Mode,
+        seed: u64,
+        setup_ok: bool,
+        controller: Option<&UnderTest>,
+    ) -> Value {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let before = match controller {
+            Some(c) => Some(c.snapshot().await),
+            None => None,
+        };
+        let (cp_before, cpu_before, load_before) = (
+            probe::component_metrics().await,
+            probe::component_cpu(),
+            probe::loadavg(),
+        );
+        let mut rng = Rng::new(seed);
+        let mut rounds = Vec::new();
+        let audit_mark = audit::mark();
+        let started = Instant::now();
+        for round in 0..p.rounds {
+            if !setup_ok {
+                break;
+            }
+            rounds.push(self.round(round, p, mode, &mut rng).await);
+            if round + 1 < p.rounds {
+                world::scale_all(&self.targets(&self.sets), p.replicas).await;
+                if !self.wait_up(p, mode).await {
+                    break;
+                }
+            }
+        }
+        let scale_s = started.elapsed().as_secs_f64();
+        // Let the controller go quiet before "after": what it keeps is what it holds at rest (and
+        // the API server write the last audit entries of the rounds).
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let cpu = probe::delta(&probe::component_cpu(), &cpu_before);
+        let control_plane =
+            probe::control_plane_json(&probe::component_metrics().await, &cp_before, &cpu);
+        let controller_json = match (controller, &before) {
+            (Some(c), Some(b)) => c.json(b, &c.snapshot().await),
+            _ => Value::Null,
+        };
+        let load_after = probe::loadavg();
+        // Read after the snapshots, so the parsing is not in the controller's window.
+        let own = self.own();
+        let audit_read = audit_mark.map(|m| audit::read_since(&m, &own));
+        let identity = audit_read
+            .as_ref()
+            .and_then(|r| audit::identity(&r.entries));
+        let rounds: Vec<Value> = rounds
+            .iter()
+            .map(|r| r.json(audit_read.as_ref(), identity.as_ref()))
+            .collect();
+        json!({
+            "rounds": rounds,
+            "scale_s": round3(scale_s),
+            "loadavg": {"before": load_before, "after": load_after},
+            "controller": controller_json,
+            "control_plane": control_plane,
+            "audit": audit::phase_json(audit_read.as_ref(), &own),
+        })
     }
 
     /// One scale-down of every set, in a seeded order, until every orphaned claim is gone (and
     /// no cleanup pod is left). Returns what the watches recorded; [`RoundData::json`] turns it
     /// into the round's JSON once the audit log of the phase is read.
     async fn round(&mut self, round: usize, p: &Params, mode: Mode, rng: &mut Rng) -> RoundData {
-        self.latest_pods.refresh(&self.pods);
-        self.latest_claims.refresh(&self.claims);
+        self.refresh();
         let orphans = self.orphans(round, p);
-        let (pod_mark, claim_mark, set_mark) =
-            (self.pods.mark(), self.claims.mark(), self.sets.mark());
-        let mut order = self.names.clone();
+        let (pod_mark, claim_mark, set_mark) = (
+            self.pods.mark(),
+            self.claims.mark(),
+            self.set_watches.mark(),
+        );
+        let mut order = self.sets.clone();
         rng.shuffle(&mut order);
+        let targets = self.targets(&order);
         let scale_start = Instant::now();
         let origin_unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
-        let issued = world::scale_all(&self.ns.api(), &order, p.to).await;
+        let issued = world::scale_all(&targets, p.to).await;
         let done = self.wait_round_done(&orphans, mode, p.timeout).await;
         let elapsed = scale_start.elapsed();
         let pods: Vec<Change> = self
             .pods
-            .since(pod_mark)
+            .since(&pod_mark)
             .iter()
             .map(|s| change(s, scale_start))
             .collect();
         let claims: Vec<Change> = self
             .claims
-            .since(claim_mark)
+            .since(&claim_mark)
             .iter()
             .map(|s| change(s, scale_start))
             .collect();
         let sets: Vec<SetChange> = self
-            .sets
-            .since(set_mark)
+            .set_watches
+            .since(&set_mark)
             .iter()
             .map(|s| set_change(s, scale_start, p.to))
             .collect();
@@ -337,17 +513,19 @@ impl Phase {
         let uid = |s: Option<&Seen<Pod>>| s.map(|s| s.uid.clone()).unwrap_or_default();
         let claim_uid =
             |s: Option<&Seen<PersistentVolumeClaim>>| s.map(|s| s.uid.clone()).unwrap_or_default();
-        self.names
+        self.sets
             .iter()
             .flat_map(|set| (p.to..p.replicas).map(move |n| (set, n)))
             .map(|(set, n)| {
-                let (pod, claim) = (format!("{set}-{n}"), format!("data-{set}-{n}"));
+                let ns = self.namespace_of(set);
+                let (pod, claim) = (format!("{}-{n}", set.1), format!("data-{}-{n}", set.1));
                 Orphan {
                     round,
-                    set: set.clone(),
+                    namespace: ns.to_string(),
+                    set: set.1.clone(),
                     ordinal: n,
-                    pod_uid: uid(self.latest_pods.get(&self.ns.name, &pod)),
-                    claim_uid: claim_uid(self.latest_claims.get(&self.ns.name, &claim)),
+                    pod_uid: uid(self.latest_pods.get(ns, &pod)),
+                    claim_uid: claim_uid(self.latest_claims.get(ns, &claim)),
                     pod,
                     claim,
                 }
@@ -360,21 +538,18 @@ impl Phase {
         let deadline = Instant::now() + timeout;
         let mut last_report = Instant::now();
         loop {
-            self.latest_pods.refresh(&self.pods);
-            self.latest_claims.refresh(&self.claims);
+            self.refresh();
             let left = orphans
                 .iter()
                 .filter(|o| {
                     let claim_left = self
                         .latest_claims
-                        .get(&self.ns.name, &o.claim)
+                        .get(&o.namespace, &o.claim)
                         .is_some_and(|c| c.uid == o.claim_uid);
+                    let pod = self.latest_pods.get(&o.namespace, &o.pod);
                     let pod_left = match mode {
-                        Mode::Controller => self.latest_pods.get(&self.ns.name, &o.pod).is_some(),
-                        Mode::Native => self
-                            .latest_pods
-                            .get(&self.ns.name, &o.pod)
-                            .is_some_and(|s| s.uid == o.pod_uid),
+                        Mode::Controller => pod.is_some(),
+                        Mode::Native => pod.is_some_and(|s| s.uid == o.pod_uid),
                     };
                     claim_left || pod_left
                 })
@@ -397,16 +572,19 @@ impl Phase {
         }
     }
 
-    /// Stops the controller, frees the sets of its finalizer, deletes the namespace and its PVs
-    /// and waits (at most 5 minutes) until the namespace is gone. Returns the seconds it took.
-    async fn teardown(self, controller: Option<UnderTest>) -> Value {
+    /// Stops the controller, frees the sets of its finalizer, deletes the namespaces and their
+    /// PVs and waits (at most `timeout`) until the namespaces are gone. Returns the seconds it
+    /// took (null on timeout).
+    async fn teardown(self, controller: Option<UnderTest>, timeout: Duration) -> Value {
         let started = Instant::now();
         if let Some(c) = controller {
             c.stop().await;
         }
-        world::strip_finalizers(&self.ns.api()).await;
-        drop((self.pods, self.claims, self.sets));
-        let gone = world::delete_namespaces(vec![self.ns], Duration::from_secs(300)).await;
+        for ns in &self.namespaces {
+            world::strip_finalizers(&ns.api()).await;
+        }
+        drop((self.pods, self.claims, self.set_watches));
+        let gone = world::delete_namespaces(self.namespaces, timeout).await;
         let _ = self.cluster;
         json!(gone.map(|_| round3(started.elapsed().as_secs_f64())))
     }
@@ -433,10 +611,24 @@ impl RoundData {
         let deletes = read.map_or_else(Vec::new, |r| {
             audit::pod_deletes(&r.entries, identity, self.origin_unix_ms)
         });
+        // By name: an ordinal's changes are those of its pod, claim and set names (unique over
+        // the phase's namespaces), so each timeline reads only its own.
+        let pods = by_name(&self.pods, |c| &c.name);
+        let claims = by_name(&self.claims, |c| &c.name);
+        let sets = by_name(&self.sets, |c| &c.name);
+        let deletes = by_name(&deletes, |d| &d.name);
         let timelines: Vec<Timeline> = self
             .orphans
             .iter()
-            .map(|o| timeline::timeline(o, &self.pods, &self.claims, &self.sets, &deletes))
+            .map(|o| {
+                timeline::timeline(
+                    o,
+                    group(&pods, &o.pod),
+                    group(&claims, &o.claim),
+                    group(&sets, &o.set),
+                    group(&deletes, &o.pod),
+                )
+            })
             .collect();
         let cleanup = timeline::cleanup_summary(&timelines, read.is_some());
         if read.is_some() && cleanup["late_deletes"].as_u64().unwrap_or(0) > 0 {
@@ -457,6 +649,25 @@ impl RoundData {
             "ordinals": self.orphans.iter().zip(&timelines).map(|(o, t)| timeline::timeline_json(o, t)).collect::<Vec<_>>(),
         })
     }
+}
+
+/// `items` grouped by the name `name_of` gives, each group in the order of `items`.
+fn by_name<'a, T: Clone>(
+    items: &'a [T],
+    name_of: impl Fn(&'a T) -> &'a String,
+) -> HashMap<&'a str, Vec<T>> {
+    let mut out: HashMap<&str, Vec<T>> = HashMap::new();
+    for item in items {
+        out.entry(name_of(item).as_str())
+            .or_default()
+            .push(item.clone());
+    }
+    out
+}
+
+/// The group of `name` (empty if none).
+fn group<'m, T>(groups: &'m HashMap<&str, Vec<T>>, name: &str) -> &'m [T] {
+    groups.get(name).map_or(&[], Vec::as_slice)
 }
 
 /// A recorded change of a set, relative to `origin`: did its status show the scale-down to `to`

@@ -44,6 +44,7 @@ pub struct SetChange {
 #[derive(Clone, Debug)]
 pub struct Orphan {
     pub round: usize,
+    pub namespace: String,
     pub set: String,
     pub ordinal: i32,
     pub pod: String,
@@ -364,6 +365,7 @@ pub fn self_test() -> Result<usize, String> {
     };
     let orphan = |pod: &str, pod_uid: &str, claim_uid: &str| Orphan {
         round: 0,
+        namespace: "ns".into(),
         set: "s".into(),
         ordinal: 1,
         pod: pod.into(),

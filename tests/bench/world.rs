@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -69,13 +70,13 @@ where
     }
 }
 
-/// Sets `spec.replicas` of every named set of `api`, all requests in flight at once (up to
-/// [`IN_FLIGHT`]), in the given order. Returns how long issuing them took.
-pub async fn scale_all(api: &Api<StatefulSet>, names: &[String], replicas: i32) -> Duration {
+/// Sets `spec.replicas` of every given set (its namespace's API and name), [`IN_FLIGHT`]
+/// requests in flight at once, in the given order. Returns how long issuing them took.
+pub async fn scale_all(targets: &[(Api<StatefulSet>, String)], replicas: i32) -> Duration {
     let started = Instant::now();
     let patch = json!({"spec": {"replicas": replicas}});
-    let results: Vec<Result<StatefulSet, kube::Error>> = futures::stream::iter(names)
-        .map(|name| {
+    let results: Vec<Result<StatefulSet, kube::Error>> = futures::stream::iter(targets)
+        .map(|(api, name)| {
             let patch = &patch;
             async move {
                 api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
@@ -91,10 +92,30 @@ pub async fn scale_all(api: &Api<StatefulSet>, names: &[String], replicas: i32) 
     started.elapsed()
 }
 
-/// The latest state of every object a recorder saw, by namespace and name; pulls only what is
-/// new.
+/// Objects of `K` listed per page of [`PAGE`] (a namespace of thousands is not one response).
+pub const PAGE: u32 = 500;
+
+/// Every object of `api`, listed page by page; an error ends the list (the caller retries).
+pub async fn list_paged<K>(api: &Api<K>) -> Result<Vec<K>, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let mut items = Vec::new();
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page = api.list(&params).await?;
+        items.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(items),
+        }
+    }
+}
+
+/// The latest state of every object one or more recorders saw, by namespace and name; pulls only
+/// what is new.
 pub struct Latest<K> {
-    mark: usize,
+    marks: Vec<usize>,
     pub objects: HashMap<(String, String), Seen<K>>,
 }
 
@@ -105,20 +126,29 @@ where
 {
     pub fn new() -> Latest<K> {
         Latest {
-            mark: 0,
+            marks: Vec::new(),
             objects: HashMap::new(),
         }
     }
 
     pub fn refresh(&mut self, recorder: &Recorder<K>) -> &Self {
-        let new = recorder.since(self.mark);
-        self.mark += new.len();
-        for s in new {
-            let key = (s.object.namespace().unwrap_or_default(), s.name.clone());
-            if s.gone() {
-                self.objects.remove(&key);
-            } else {
-                self.objects.insert(key, s);
+        self.refresh_all(std::slice::from_ref(recorder))
+    }
+
+    /// Pulls what is new from every recorder (always given in the same order): the recorders of
+    /// different namespaces never see the same object.
+    pub fn refresh_all(&mut self, recorders: &[Recorder<K>]) -> &Self {
+        self.marks.resize(recorders.len(), 0);
+        for (recorder, mark) in recorders.iter().zip(self.marks.iter_mut()) {
+            let new = recorder.since(*mark);
+            *mark += new.len();
+            for s in new {
+                let key = (s.object.namespace().unwrap_or_default(), s.name.clone());
+                if s.gone() {
+                    self.objects.remove(&key);
+                } else {
+                    self.objects.insert(key, s);
+                }
             }
         }
         self
@@ -126,6 +156,57 @@ where
 
     pub fn get(&self, namespace: &str, name: &str) -> Option<&Seen<K>> {
         self.objects.get(&(namespace.to_string(), name.to_string()))
+    }
+}
+
+/// One recorder per namespace of a phase, read as one watch.
+pub struct Watches<K> {
+    pub recorders: Vec<Recorder<K>>,
+}
+
+impl<K> Watches<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default,
+{
+    /// Starts a watch of `K` in each namespace, at most [`IN_FLIGHT`] / 4 listing at once, and
+    /// returns once each has listed.
+    pub async fn start(client: &kube::Client, namespaces: &[String]) -> Watches<K> {
+        let recorders = futures::stream::iter(namespaces)
+            .map(|ns| {
+                Recorder::start(
+                    Api::namespaced(client.clone(), ns),
+                    watcher::Config::default(),
+                )
+            })
+            .buffered(IN_FLIGHT / 4)
+            .collect()
+            .await;
+        Watches { recorders }
+    }
+
+    /// Where each recorder stands now (for [`Watches::since`]).
+    pub fn mark(&self) -> Vec<usize> {
+        self.recorders.iter().map(Recorder::mark).collect()
+    }
+
+    /// Every change after `marks`, in the order of arrival (a watch's own changes keep their
+    /// order: the sort is stable and a watch's arrival times never decrease).
+    pub fn since(&self, marks: &[usize]) -> Vec<Seen<K>> {
+        let mut all: Vec<Seen<K>> = self
+            .recorders
+            .iter()
+            .zip(marks)
+            .flat_map(|(r, m)| r.since(*m))
+            .collect();
+        all.sort_by_key(|s| s.at);
+        all
     }
 }
 
@@ -138,12 +219,12 @@ pub fn bound(s: &Seen<PersistentVolumeClaim>) -> bool {
     !s.deleting && s.object.status.as_ref().and_then(|st| st.phase.as_deref()) == Some("Bound")
 }
 
-/// How many of the named sets carry the controller's finalizer now.
+/// How many of the sets of `api` carry the controller's finalizer now (0 if the list fails).
 pub async fn with_finalizer(api: &Api<StatefulSet>) -> usize {
-    api.list(&Default::default())
+    list_paged(api)
         .await
-        .map(|l| {
-            l.items
+        .map(|items| {
+            items
                 .iter()
                 .filter(|s| s.finalizers().iter().any(|f| f == FINALIZER))
                 .count()
@@ -153,10 +234,9 @@ pub async fn with_finalizer(api: &Api<StatefulSet>) -> usize {
 
 /// Removes every finalizer from the sets of `api` (the controller is stopped by then).
 pub async fn strip_finalizers(api: &Api<StatefulSet>) {
-    let names: Vec<String> = api
-        .list(&Default::default())
+    let names: Vec<String> = list_paged(api)
         .await
-        .map(|l| l.items.iter().map(|s| s.name_any()).collect())
+        .map(|items| items.iter().map(|s| s.name_any()).collect())
         .unwrap_or_default();
     let patch = json!({"metadata": {"finalizers": null}});
     futures::stream::iter(names)
@@ -203,7 +283,7 @@ pub async fn delete_namespaces(
 
 /// Namespaces besides the system ones and `own`: other runs on the same cluster (a fresh cluster
 /// has none).
-pub async fn other_namespaces(client: &kube::Client, own: &str) -> Vec<String> {
+pub async fn other_namespaces(client: &kube::Client, own: &[String]) -> Vec<String> {
     const SYSTEM: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
     let api: Api<Namespace> = Api::all(client.clone());
     api.list(&Default::default())
@@ -212,7 +292,7 @@ pub async fn other_namespaces(client: &kube::Client, own: &str) -> Vec<String> {
             l.items
                 .iter()
                 .map(|n| n.name_any())
-                .filter(|n| n != own && !SYSTEM.contains(&n.as_str()))
+                .filter(|n| !own.contains(n) && !SYSTEM.contains(&n.as_str()))
                 .collect()
         })
         .unwrap_or_default()
