@@ -95,7 +95,7 @@ chaos-ci:
 ## BENCHMARKS.md for how long each took); not part of `make test`.
 ##   make bench                         all scenarios (single sets20 sets500 idle), seed 42
 ##   make bench SCENARIO=sets500 SEED=7 SETS=200 BENCH_ARGS='--cleanup-seconds 0'
-##   make bench SCENARIO=podbound       one not in the default list (also corpus)
+##   make bench SCENARIO=podbound       one not in the default list (also corpus, sets5000)
 SCENARIO ?= all
 BENCH_SCENARIOS := $(if $(filter all,$(SCENARIO)),single sets20 sets500 idle,$(SCENARIO))
 # SEED defaults to the clock for chaos; the bench is reproducible unless asked otherwise.

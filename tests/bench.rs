@@ -272,10 +272,11 @@ fn main() -> ExitCode {
         timeline::self_test(),
         audit::self_test(),
         corpus::self_test(corpus_sets, options.seed),
+        scaledown::self_test(),
     ];
     match tests.into_iter().collect::<Result<Vec<usize>, String>>() {
         Ok(n) => println!(
-            "bench: self-test: {} checks of the timeline, latency, audit-log and corpus code passed",
+            "bench: self-test: {} checks of the timeline, latency, audit-log, corpus and placement code passed",
             n.iter().sum::<usize>()
         ),
         Err(e) => {

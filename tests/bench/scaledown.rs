@@ -209,6 +209,29 @@ fn set(name: &str, template: &str, class: &str, p: &Params, mode: Mode) -> State
     spec.build()
 }
 
+/// The cleanup template of each set (its pods run `cleanup_seconds`), and with `corpus` the
+/// templates whose pods the API server refuses in a dry run in `ns`.
+async fn templates(
+    p: &Params,
+    mode: Mode,
+    seed: u64,
+    ns: &TestNamespace,
+) -> (Vec<String>, Vec<String>) {
+    let after = format!("{}ms", (p.cleanup_seconds * 1000.0) as u64);
+    if !p.corpus {
+        return (vec![template_running_for(&after); p.sets], Vec::new());
+    }
+    let templates = crate::corpus::templates(p.sets, &after, seed);
+    let mut preflight = Vec::new();
+    if mode == Mode::Controller {
+        preflight = crate::corpus::preflight(&ns.api(), &templates).await;
+        for refusal in &preflight {
+            println!("bench:   corpus: the API server refuses a pod of {refusal}");
+        }
+    }
+    (templates, preflight)
+}
+
 /// Starts the controller under test, with `--namespace` if `scope` says so.
 async fn start(
     cluster: &Cluster,
@@ -272,19 +295,7 @@ impl Phase {
         if mode == Mode::Controller && !p.start_after_setup {
             controller = Some(start(&cluster, scenario, &own, controller_args, scope).await);
         }
-        let after = format!("{}ms", (p.cleanup_seconds * 1000.0) as u64);
-        let templates: Vec<String> = if p.corpus {
-            crate::corpus::templates(p.sets, &after, seed)
-        } else {
-            vec![template_running_for(&after); p.sets]
-        };
-        let mut preflight = Vec::new();
-        if p.corpus && mode == Mode::Controller {
-            preflight = crate::corpus::preflight(&namespaces[0].api(), &templates).await;
-            for refusal in &preflight {
-                println!("bench:   corpus: the API server refuses a pod of {refusal}");
-            }
-        }
+        let (templates, preflight) = templates(p, mode, seed, &namespaces[0]).await;
         let objects: Vec<StatefulSet> = sets
             .iter()
             .zip(&templates)
@@ -720,4 +731,55 @@ pub fn change<K: kube::Resource + 'static>(s: &Seen<K>, origin: Instant) -> Chan
         phase,
         gated,
     }
+}
+
+/// Checks of the placement of sets over namespaces and of the controller's scope; the number of
+/// checks, or what failed.
+pub fn self_test() -> Result<usize, String> {
+    let mut checks = 0;
+    let mut expect = |ok: bool, what: &str| -> Result<(), String> {
+        checks += 1;
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("scaledown: {what}"))
+        }
+    };
+    let sets = placement(300, 3);
+    let per: Vec<usize> = (0..3)
+        .map(|j| sets.iter().filter(|(i, _)| *i == j).count())
+        .collect();
+    expect(
+        per == [100, 100, 100],
+        &format!("300 sets in 3 blocks: {per:?}"),
+    )?;
+    expect(
+        sets[99] == (0, "s-0099".into()) && sets[100] == (1, "s-0100".into()),
+        "blocks in order, names unique over the namespaces",
+    )?;
+    let names: std::collections::HashSet<String> =
+        placement(5000, 10).into_iter().map(|s| s.1).collect();
+    expect(names.len() == 5000, "5,000 distinct names")?;
+    expect(
+        placement(5, 10).iter().all(|(i, _)| *i < 5),
+        "never more namespaces than sets",
+    )?;
+    let others = ["other".to_string()];
+    expect(
+        scope(Mode::Controller, 1, &[], &[]) == Ok(Some("cluster")),
+        "a cluster of its own: cluster scope",
+    )?;
+    expect(
+        scope(Mode::Controller, 1, &others, &[]) == Ok(Some("namespace")),
+        "shared, one namespace: --namespace",
+    )?;
+    expect(
+        scope(Mode::Controller, 3, &others, &[]).is_err(),
+        "shared, three namespaces: refused",
+    )?;
+    expect(
+        scope(Mode::Native, 3, &others, &[]) == Ok(None),
+        "no controller, no scope",
+    )?;
+    Ok(checks)
 }
