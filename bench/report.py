@@ -436,6 +436,33 @@ def reduced_lines(run):
             f"size; its targets count only full-size runs.", ""]
 
 
+def time_lines(run):
+    """Where the time of a scale-down went, per phase: kube-controller-manager's own lag (scale-down
+    issued → the set's status shows it done), the API server's queues (APF waits by priority
+    level), and the controller's own steps (its queue has no metric: the latencies that are its
+    work alone)."""
+    out = []
+    for p in run["phases"]:
+        caught = [o["set_caught_up_ms"] for o in ordinals(p) if o.get("set_caught_up_ms") is not None]
+        parts = []
+        if caught:
+            parts.append(f"kube-controller-manager's status lag (scale-down issued → set status caught up) "
+                         f"p50 {ms_unit(quantile(caught, 0.5))}, p99 {ms_unit(quantile(caught, 0.99))} "
+                         f"({len(caught)} ordinals)")
+        levels = ((p.get("apiserver_queues") or {}).get("apf_queue_wait_by_priority_level") or {})
+        if levels:
+            busiest = sorted(levels.items(), key=lambda kv: -kv[1]["wait_s"])[:3]
+            parts.append("API server queues (APF), mean wait: " + ", ".join(
+                f"{k} {ms_unit(v['mean_wait_ms'])} over {int(v['requests'])} requests" for k, v in busiest))
+        if p.get("mode") == "controller" and ordinals(p):
+            mine = [quantile(latencies(p, a, b), 0.99) for _, _, a, b in (LATENCIES[0], LATENCIES[5])]
+            parts.append(f"the controller's own steps, p99: pod gone → cleanup created {ms_unit(mine[0])}, "
+                         f"release allowed → released {ms_unit(mine[1])}")
+        if parts:
+            out.append(f"- Where the time went, {p['mode']} phase: " + "; ".join(parts) + ".")
+    return out
+
+
 def sets5000_targets(runs):
     """The rows of issue 25's `sets5000` targets, from its newest full-size run only."""
     r = latest_full(runs, "sets5000")
@@ -840,7 +867,7 @@ def markdown(runs):
         cleanup = cleanup_table(r, before)
         if cleanup:
             out += cleanup + [""]
-        out += controller_lines(r) + cluster_lines(r) + control_plane_lines(r) + [""]
+        out += controller_lines(r) + cluster_lines(r) + control_plane_lines(r) + time_lines(r) + [""]
         out += [f"![latency CDFs of {s}](bench/plots/latency-{s}.png)", ""]
     out += ["## Memory over time", "", "![controller RSS over time](bench/plots/memory.png)", ""]
     if os.path.exists(NOTES):

@@ -345,6 +345,55 @@ pub fn control_plane_json(
     json!({"cpu_s": cpu, "client_throttling": throttling, "kcm_work_queues": queues})
 }
 
+/// The API server's own queues (API Priority and Fairness) from its /metrics, read with the
+/// bench's admin client: seconds requests waited there and how many, by labels.
+pub async fn apiserver_metrics(client: &kube::Client) -> BTreeMap<String, f64> {
+    let Ok(request) = http::Request::get("/metrics").body(Vec::new()) else {
+        return BTreeMap::new();
+    };
+    let body = client.request_text(request).await.unwrap_or_default();
+    samples(&body)
+        .into_iter()
+        .filter(|(k, _)| {
+            k.starts_with("apiserver_flowcontrol_request_wait_duration_seconds_sum")
+                || k.starts_with("apiserver_flowcontrol_request_wait_duration_seconds_count")
+        })
+        .collect()
+}
+
+/// Per APF priority level, between two [`apiserver_metrics`]: requests, seconds they waited in
+/// the API server's queues in all, and the mean wait (ms).
+pub fn apiserver_json(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> Value {
+    let d = delta(after, before);
+    let mut levels: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for (key, v) in &d {
+        let Some(level) = key
+            .split("priority_level=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+        else {
+            continue;
+        };
+        let entry = levels.entry(level.to_string()).or_default();
+        if key.contains("_sum{") {
+            entry.0 += v;
+        } else {
+            entry.1 += v;
+        }
+    }
+    let levels: serde_json::Map<String, Value> = levels
+        .into_iter()
+        .filter(|(_, (_, n))| *n > 0.0)
+        .map(|(level, (wait, n))| {
+            (
+                level,
+                json!({"requests": n, "wait_s": round3(wait), "mean_wait_ms": round3(wait / n * 1000.0)}),
+            )
+        })
+        .collect();
+    json!({"apf_queue_wait_by_priority_level": levels, "available": !after.is_empty()})
+}
+
 pub fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }

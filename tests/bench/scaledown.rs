@@ -183,6 +183,7 @@ pub async fn run(
         "rounds": measured["rounds"],
         "controller": measured["controller"],
         "control_plane": measured["control_plane"],
+        "apiserver_queues": measured["apiserver_queues"],
         "audit": measured["audit"],
         "corpus_preflight_refused": preflight,
         "cluster": {
@@ -393,8 +394,9 @@ impl Phase {
     }
 
     /// The rounds and what they cost: the controller's numbers between a snapshot before the
-    /// first round and one 5 s after the last, the control plane's, and the audit log's. Returns
-    /// `{rounds, scale_s, loadavg, controller, control_plane, audit}`.
+    /// first round and one 5 s after the last, the control plane's (the API server's queues
+    /// too), and the audit log's. Returns `{rounds, scale_s, loadavg, controller, control_plane,
+    /// apiserver_queues, audit}`.
     async fn measure(
         &mut self,
         p: &Params,
@@ -413,6 +415,7 @@ impl Phase {
             probe::component_cpu(),
             probe::loadavg(),
         );
+        let api_before = probe::apiserver_metrics(&self.cluster.client).await;
         let mut rng = Rng::new(seed);
         let mut rounds = Vec::new();
         let audit_mark = audit::mark();
@@ -440,6 +443,10 @@ impl Phase {
             (Some(c), Some(b)) => c.json(b, &c.snapshot().await),
             _ => Value::Null,
         };
+        let apiserver = probe::apiserver_json(
+            &probe::apiserver_metrics(&self.cluster.client).await,
+            &api_before,
+        );
         let load_after = probe::loadavg();
         // Read after the snapshots, so the parsing is not in the controller's window.
         let own = self.own();
@@ -457,6 +464,7 @@ impl Phase {
             "loadavg": {"before": load_before, "after": load_after},
             "controller": controller_json,
             "control_plane": control_plane,
+            "apiserver_queues": apiserver,
             "audit": audit::phase_json(audit_read.as_ref(), &own),
         })
     }
