@@ -188,7 +188,8 @@ def kinds_table(runs, scenarios):
             cols.append((s, requests_by_kind(p["controller"]["requests_in_window"]), cleanups))
     if not cols:
         return []
-    out = ["| Requests per cleanup | " + " | ".join(f"`{s}` ({int(c)} cleanups)" for s, _, c in cols) + " |",
+    out = ["| Requests per cleanup | " + " | ".join(f"`{s}`{reduced_label(latest(runs, s))} ({int(c)} cleanups)"
+                                               for s, _, c in cols) + " |",
            "|---|" + "---|" * len(cols)]
     for kind in [k for k, _ in REQUEST_KINDS] + ["other"]:
         if all(by[kind] == 0 for _, by, _ in cols):
@@ -432,8 +433,9 @@ def reduced_lines(run):
     """A warning under a section whose newest run is not at its preset's size."""
     if not reductions(run):
         return []
-    return [f"**Reduced run**{reduced_label(run)[1:-1].replace('reduced:', '', 1)}: not the scenario at full "
-            f"size; its targets count only full-size runs.", ""]
+    sizes = ", ".join(f"{k} {num(v, 0)} of {num(w, 0)}" for k, v, w in reductions(run))
+    return [f"**Reduced run** ({sizes}): not the scenario at full size; its targets count only full-size runs.",
+            ""]
 
 
 def time_lines(run):
@@ -471,7 +473,9 @@ def sets5000_targets(runs):
              "scale-down issued → last ordinal done, `sets5000` (≤ 1.5 × native)",
              "cleanup pods created per ordinal, `sets5000` (exactly 1)",
              "RSS after the 5,000-set run (≤ 60 MiB)",
-             "start → ready with 10,000 pods cached, `sets5000` (≤ 5 s)"]
+             "start → ready with 10,000 pods cached, `sets5000` (≤ 5 s)",
+             "requests per cleanup besides watches and Events, `sets5000` (≤ 7)",
+             "Events per cleanup, `sets5000` (≤ 4)"]
     p = phase(r, "controller") if r else None
     if not p or not p.get("controller"):
         reduced = [x for x in runs if x["scenario"] == "sets5000"]
@@ -495,6 +499,10 @@ def sets5000_targets(runs):
     row(names[4], rss, f"{num(rss)} MiB", 60)
     ready = p["controller"].get("start_to_ready_ms")
     row(names[5], ready, ms_unit(ready), 5000)
+    by, n = requests_by_kind(p["controller"]["requests_in_window"]), cleanups_of(p) or 1
+    besides = (sum(by.values()) - by["Events"]) / n
+    row(names[6], besides, f"{besides:.2f}", 7)
+    row(names[7], by["Events"] / n, f"{by['Events'] / n:.2f}", 4)
     return rows
 
 
@@ -841,7 +849,7 @@ def markdown(runs):
     out += runs_table(runs) + [""] + machine_lines(runs) + [""]
     out += ["## Targets", ""] + targets(runs) + [""]
     out += ["## Regressions", ""] + regressions(runs) + [""]
-    kinds = kinds_table(runs, ("single", "sets20", "sets500"))
+    kinds = kinds_table(runs, ("single", "sets20", "sets500", "sets5000"))
     if kinds:
         out += ["## Requests per cleanup, by kind", "",
                 "Besides watches, from the controller's own request counter during the scale-down window "
