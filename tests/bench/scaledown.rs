@@ -12,13 +12,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::ResourceExt;
 use kube::api::Api;
 use serde_json::{Value, json};
 use statefulset_scaledown_controller::naming;
 
 use crate::audit;
 use crate::probe::{self, round3};
-use crate::support::fixtures::{SetSpec, template_running_for};
+use crate::support::fixtures::{FINALIZER, SetSpec, template_running_for};
 use crate::support::recorder::Seen;
 use crate::support::{Cluster, TestNamespace};
 use crate::timeline::{self, Change, Orphan, SetChange, Timeline};
@@ -79,6 +80,7 @@ struct Phase {
     set_watches: Watches<StatefulSet>,
     latest_pods: Latest<Pod>,
     latest_claims: Latest<PersistentVolumeClaim>,
+    latest_sets: Latest<StatefulSet>,
 }
 
 /// How the controller is limited to the phase's namespaces: the scope the result records
@@ -325,6 +327,7 @@ impl Phase {
             set_watches,
             latest_pods: Latest::new(),
             latest_claims: Latest::new(),
+            latest_sets: Latest::new(),
         };
         (phase, controller, preflight)
     }
@@ -368,7 +371,7 @@ impl Phase {
                     !(pod.is_some_and(running) && claim.is_some_and(bound))
                 })
                 .count();
-            let finalized = mode == Mode::Native || missing > 0 || self.finalized().await;
+            let finalized = mode == Mode::Native || missing > 0 || self.finalized();
             if missing == 0 && finalized {
                 return true;
             }
@@ -384,12 +387,16 @@ impl Phase {
         }
     }
 
-    /// Every set of the phase carries the controller's finalizer.
-    async fn finalized(&self) -> bool {
-        let mut n = 0;
-        for ns in &self.namespaces {
-            n += world::with_finalizer(&ns.api()).await;
-        }
+    /// Every set of the phase carries the controller's finalizer (as the set watches last saw
+    /// them: no list of thousands of sets every 200 ms).
+    fn finalized(&mut self) -> bool {
+        self.latest_sets.refresh_all(&self.set_watches.recorders);
+        let n = self
+            .latest_sets
+            .objects
+            .values()
+            .filter(|s| s.object.finalizers().iter().any(|f| f == FINALIZER))
+            .count();
         n == self.sets.len()
     }
 
