@@ -430,12 +430,17 @@ def growth_section(runs):
 
 
 def reduced_lines(run):
-    """A warning under a section whose newest run is not at its preset's size."""
+    """A warning under a section whose newest run is not at its preset's size, or whose phases
+    were refused (several namespaces on a shared cluster)."""
+    refused = [f"**Phase {p['mode']} not run**: {p['setup_refused']}." for p in run["phases"]
+               if p.get("setup_refused")]
+    if refused:
+        refused.append("")
     if not reductions(run):
-        return []
+        return refused
     sizes = ", ".join(f"{k} {num(v, 0)} of {num(w, 0)}" for k, v, w in reductions(run))
     return [f"**Reduced run** ({sizes}): not the scenario at full size; its targets count only full-size runs.",
-            ""]
+            ""] + refused
 
 
 def time_lines(run):
@@ -478,8 +483,12 @@ def sets5000_targets(runs):
              "Events per cleanup, `sets5000` (≤ 4)"]
     p = phase(r, "controller") if r else None
     if not p or not p.get("controller"):
-        reduced = [x for x in runs if x["scenario"] == "sets5000"]
-        why = "no full-size run yet" + (" (reduced runs only)" if reduced else "")
+        if r:
+            why = f"the newest full-size run ({os.path.basename(r['_file'])}) has no controller numbers"
+        elif any(x["scenario"] == "sets5000" for x in runs):
+            why = "no full-size run yet (reduced runs only)"
+        else:
+            why = "no run yet"
         return [f"| {n} | {why} | – |" for n in names]
     rows = []
 
