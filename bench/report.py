@@ -872,7 +872,7 @@ def markdown(runs):
         r = latest(runs, s)
         if r is None:
             continue
-        out += [f"## `{s}`: {TITLES[s]}", ""] + reduced_lines(r)
+        out += [f"## `{s}`{reduced_label(r)}: {TITLES[s]}", ""] + reduced_lines(r)
         if s == "idle":
             out += idle_section(r) + [""]
             continue
@@ -979,9 +979,12 @@ def plot_growth(plt, runs):
             ys = [x[key] for x in points]
             ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", label=label)
         for x in points:
-            ax.annotate(x["label"].replace(" (reduced: ", "\n(reduced: "), (x["sets"], x[series[0][0]] or 0),
-                        textcoords="offset points", xytext=(4, 4), fontsize=7)
+            name = x["scenario"] + (f"\n(reduced: {x['sets']} sets)" if x["label"] != x["scenario"] else "")
+            note = ax.annotate(name, (x["sets"], x[series[0][0]] or 0), textcoords="offset points", xytext=(4, 4),
+                               fontsize=7)
+            note.set_in_layout(False)
         ax.set_xscale("log")
+        ax.set_xlim(0.5, max(xs) * 4)
         if logy:
             ax.set_yscale("log")
         else:
