@@ -469,6 +469,7 @@ impl RoundData {
             "orphans": self.orphans.len(),
             "complete": self.done,
             "patches_issued_ms": self.issued.as_millis() as u64,
+            "origin_unix_ms": round3(self.origin_unix_ms),
             "all_done_ms": self.elapsed.as_millis() as u64,
             "max_cleanup_pods_per_ordinal": timelines.iter().map(|t| t.cleanup_pods).max(),
             "cleanup_pods": cleanup,
