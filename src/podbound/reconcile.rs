@@ -171,7 +171,8 @@ impl Context {
 
 /// The reconciler handed to kube's Controller.
 pub async fn reconcile(claim: Arc<Claim>, ctx: Arc<Context>) -> Result<Action> {
-    ctx.runner.run(&claim, ctx.pass(&claim)).await
+    let pass = ctx.pass(&claim);
+    ctx.runner.run(&claim, pass).await
 }
 
 /// The error policy handed to kube's Controller: look again when the backoff is over.

@@ -117,7 +117,8 @@ impl Context {
 
 /// The reconciler handed to kube's Controller.
 pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action> {
-    ctx.runner.run(&pv, ctx.pass(&pv)).await
+    let pass = ctx.pass(&pv);
+    ctx.runner.run(&pv, pass).await
 }
 
 /// The error policy handed to kube's Controller: look again when the backoff is over.

@@ -169,16 +169,14 @@ fn scan_ordinals<'a>(view: &View<'a>, plan: &mut Plan) -> Scan<'a> {
                 scan.set_has_cleanup_pod = true;
                 scan.in_flight |= cleanup.phase != Phase::Failed;
                 clear_marks(plan, facts, Some(cleanup.attempt));
-                if !pod.deleting {
-                    let step = CleanupStep {
-                        view,
-                        ordinal,
-                        facts,
-                        pod,
-                        cleanup,
-                    };
-                    step.plan(plan);
-                }
+                let step = CleanupStep {
+                    view,
+                    ordinal,
+                    facts,
+                    pod,
+                    cleanup,
+                };
+                step.plan(plan);
             }
         }
     }
@@ -301,21 +299,17 @@ fn release_finalizer(view: &View<'_>, scan: &Scan<'_>, plan: &mut Plan) {
 }
 
 mod cleanup;
-mod create;
-mod created;
 mod deletion;
 pub mod plan;
 mod pods;
 pub mod status;
 mod view;
-pub use cleanup::may_release;
-pub use created::{Admission, admit, confirm_created, runs, verdicts};
+pub use cleanup::{Admission, Stage, admit, confirm_created, may_release, runs, verdicts};
 pub use deletion::{Propagation, mark_value, propagation};
 pub use plan::{Confirm, Event, Plan, PodDeletion, RECORD_GRACE, Step, Verdict};
 pub use view::Policy;
 
-use cleanup::{CleanupStep, clear_marks};
-use create::create_cleanup_pods;
+use cleanup::{CleanupStep, clear_marks, create_cleanup_pods};
 use pods::{foreign_pod, held_for_writer, stuck_terminating, unproven_pod};
 use view::{Hold, View};
 

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::plan::{Plan, Step, Verdict};
 use crate::naming;
+use crate::scaledown::decide::plan::{Plan, Step, Verdict};
 use crate::scaledown::observe::{Created, Record, SetFacts};
 
 /// Whether the cleanup pod just created for `ordinal` may run, given a read of the set made after

@@ -3,14 +3,14 @@
 
 use serde_json::Value;
 
-use super::plan::{Plan, Step};
-use super::view::View;
 use crate::naming;
 use crate::reason::Reason;
+use crate::scaledown::decide::plan::{Plan, Step};
+use crate::scaledown::decide::view::View;
 use crate::scaledown::observe::OrdinalFacts;
 use crate::template::{self, Target};
 
-pub(super) fn create_cleanup_pods(
+pub fn create_cleanup_pods(
     view: &View<'_>,
     template: &template::CleanupTemplate,
     pending: &[u32],
