@@ -8,12 +8,13 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use support::fixtures::*;
 use support::http_get;
-use support::{wait_for, wait_for_gone, wait_for_pod_phase};
+use support::{from_json, wait_for, wait_for_gone, wait_for_pod_phase};
 
 const LEASE_DURATION: Duration = Duration::from_secs(15);
 
@@ -435,4 +436,71 @@ async fn a_frozen_leader_stops_writing_and_exits_non_zero() {
         .count();
     assert_eq!(late_from_a, 0, "the old leader wrote after it woke up");
     drop(b);
+}
+
+/// A claim of a finished cleanup that another pod mounts waits for that pod, and the pod's
+/// deletion is what wakes the set (issue 25: no polling). The pod is named after no set, and the
+/// resync is far out: over a 25 s wait the controller sends at most one live list of pods (the
+/// pass its own status write wakes; a recheck every 10 s would send two or more), and the claim
+/// goes once the pod is gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_in_use_waits_for_its_user_without_polling() {
+    let mut env = Env::new("in-use", 3, &[]).await;
+    let metrics_port = free_port();
+    let metrics_flag = format!("--metrics-bind-address=127.0.0.1:{metrics_port}");
+    let args = [metrics_flag.as_str(), "--resync-period=10m"];
+    env.controller = Some(Controller::start(&env.cluster, &env.ns.name, &args).await);
+    env.create_running(&SetSpec::new("web", 2, &env.class))
+        .await;
+    let user: Pod = from_json(serde_json::json!({
+        "metadata": {"name": "backup"},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "busybox",
+                            "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-web-1"}}],
+        },
+    }));
+    env.pods()
+        .create(&PostParams::default(), &user)
+        .await
+        .expect("create the pod that mounts data-web-1");
+    wait_for_pod_phase(&env.pods(), "backup", "Running", LONG).await;
+    let claims = env.record_claims().await;
+    env.scale("web", 1).await;
+    env.wait_event("web", "ClaimInUse").await;
+
+    let lists = |metrics: &str| {
+        support::metric_sum(
+            metrics,
+            "scaledown_api_requests_total",
+            &[("verb", "list"), ("resource", "pods")],
+        )
+    };
+    let before = lists(&http_get(metrics_port, "/metrics").await.1);
+    let ns = env.ns.name.clone();
+    let passes = env.controller().reconciles(&ns, "web");
+    let early = claims
+        .wait_until(Duration::from_secs(25), |s| {
+            s.name == "data-web-1" && s.deleting
+        })
+        .await;
+    assert!(early.is_none(), "claim deleted while mounted: {early:?}");
+    let listed = lists(&http_get(metrics_port, "/metrics").await.1) - before;
+    let passed = env.controller().reconciles(&ns, "web") - passes;
+    record(
+        "claim in use: live pod lists / passes over a 25 s wait",
+        format!("{listed} / {passed}"),
+    );
+    assert!(
+        listed <= 1.0,
+        "{listed} live lists of pods, {passed} passes while the claim waited for its user"
+    );
+
+    env.pods()
+        .delete("backup", &DeleteParams::default())
+        .await
+        .expect("delete the pod that mounts data-web-1");
+    env.wait_claim_gone("data-web-1").await;
+    wait_for_gone(&env.pods(), "web-1", LONG).await;
 }

@@ -76,6 +76,7 @@ pub fn controller(
         cleanup_pods,
     } = watches;
     let cached_sets = stores.sets.clone();
+    let sets_of_pods = stores.sets.clone();
     let waking = ctx.clone();
     let passes = Controller::for_shared_stream(caches.set_changes(), stores.sets)
         .with_config(controller::Config::default().concurrency(concurrency))
@@ -84,7 +85,9 @@ pub fn controller(
         .watches_shared_stream(caches.claim_changes(true), move |claim| {
             watch::sets_of_claim(claim.as_ref(), &cached_sets)
         })
-        .watches_shared_stream(caches.pod_changes(), |pod| watch::set_of_pod(pod.as_ref()))
+        .watches_shared_stream(caches.pod_changes(), move |pod| {
+            watch::sets_of_pod(pod.as_ref(), &sets_of_pods)
+        })
         // A cleanup pod's change may free room under the cap: it also wakes sets waiting for it.
         .watches_stream(cleanup_pods, move |pod| {
             let mut sets: Vec<_> = watch::set_of_pod(&pod).into_iter().collect();

@@ -191,6 +191,25 @@ pub fn set_of_pod<K: Resource>(pod: &K) -> Option<ObjectRef<StatefulSet>> {
     }
 }
 
+/// The StatefulSets a pod's change concerns: the one [`set_of_pod`] names, and those whose claims
+/// it mounts. A claim of a finished cleanup that another pod mounts is deleted once that pod is
+/// gone (`ClaimInUse`): the pod's deletion wakes the set, whatever the pod is named.
+pub fn sets_of_pod(pod: &Pod, sets: &Store<StatefulSet>) -> Vec<ObjectRef<StatefulSet>> {
+    let mut found: Vec<ObjectRef<StatefulSet>> = set_of_pod(pod).into_iter().collect();
+    let Some(ns) = pod.meta().namespace.as_deref() else {
+        return found;
+    };
+    for claim in crate::index::Keys::keys(pod) {
+        for set in caches::sets_of_claim_name(ns, &claim, sets) {
+            let set = ObjectRef::from(set.as_ref());
+            if !found.contains(&set) {
+                found.push(set);
+            }
+        }
+    }
+    found
+}
+
 /// The StatefulSets whose claim templates give a claim this name, in the claim's namespace: a
 /// handful of lookups by name, whatever the number of sets.
 pub fn sets_of_claim<K: Resource>(
@@ -311,6 +330,55 @@ mod tests {
         assert_eq!(
             set_of_pod(&pod).map(|r| (r.name, r.namespace)),
             Some(("db".to_string(), Some("ns".to_string())))
+        );
+    }
+
+    #[test]
+    fn a_pod_also_wakes_the_sets_whose_claims_it_mounts() {
+        let sets = store(vec![
+            set("ns", "web", &["data"]),
+            set("ns", "db", &["data"]),
+            set("other", "web", &["data"]),
+        ]);
+        let volume = |claim: &str| -> k8s_openapi::api::core::v1::Volume {
+            serde_json::from_value(serde_json::json!({
+                "name": claim, "persistentVolumeClaim": {"claimName": claim}
+            }))
+            .expect("volume")
+        };
+        let mut pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("backup".into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::core::v1::PodSpec {
+                volumes: Some(vec![
+                    volume("data-web-2"),
+                    volume("data-web-1"),
+                    volume("unrelated"),
+                ]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let names = |pod: &Pod| -> Vec<String> {
+            sets_of_pod(pod, &sets)
+                .into_iter()
+                .map(|r| r.name)
+                .collect()
+        };
+        assert_eq!(
+            names(&pod),
+            ["web"],
+            "named after no set, it mounts web's claims"
+        );
+        pod.metadata.annotations =
+            Some([(naming::OWNER_ANNOTATION.to_string(), "db".to_string())].into());
+        assert_eq!(
+            names(&pod),
+            ["db", "web"],
+            "its own set first, each set once"
         );
     }
 }

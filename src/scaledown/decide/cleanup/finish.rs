@@ -2,8 +2,6 @@
 //! still shows the ordinal orphaned and no other pod using them), then the pod; kept claims if the
 //! ordinal is wanted again. `Failed` retries after a backoff, or gives up.
 
-use std::time::Duration;
-
 use super::stage::CleanupStep;
 use crate::reason::Reason;
 use crate::scaledown::decide::plan::{Confirm, Plan, PodDeletion, Step};
@@ -64,7 +62,8 @@ impl CleanupStep<'_> {
                     ),
                 );
             }
-            plan.requeue(Duration::from_secs(10));
+            // No timer: the deletion of a pod that mounts the claim wakes the set
+            // (`watch::sets_of_pod`), and the resync is the fallback.
             return;
         }
         let names: Vec<&str> = claims.iter().map(|c| c.name.as_str()).collect();
