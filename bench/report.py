@@ -702,16 +702,21 @@ def plot_realnode(plt, runs):
     r = latest(runs, "realnode")
     c, n = phase(r, "controller"), phase(r, "native")
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    panels = [REALNODE_LATENCIES[0], REALNODE_LATENCIES[1], REALNODE_LATENCIES[2]]
-    for ax, (label, start, end, native) in zip(axes, panels):
+    # Seconds-long container latencies span less than a decade: a linear axis; the third panel sets
+    # the native baseline's milliseconds beside them: log.
+    panels = [(REALNODE_LATENCIES[0], False), (REALNODE_LATENCIES[1], False), (REALNODE_LATENCIES[2], True)]
+    for ax, ((label, start, end, native), log) in zip(axes, panels):
         for p, name in ((c, "controller"), (n if native else None, "native (whenScaled: Delete)")):
             if p:
                 cdf(ax, [max(v, 0.1) for v in latencies(p, start, end)], label=f"{name} @{commit_of(r)}")
         if start == "pod_gone_ms" and end == "cleanup_running_ms":
             ax.axvline(REALNODE_TARGET_MS, color="grey", linestyle=":", label="target p99")
-        ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel("ms (log)")
+        if log:
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        else:
+            ax.set_xlim(left=0)
+        ax.set_xlabel("ms (log)" if log else "ms")
         ax.set_ylabel("fraction of ordinals")
         ax.set_title(label.replace("*", ""), fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
