@@ -18,7 +18,7 @@ use crate::probe::{self, round3};
 use crate::support::Cluster;
 use crate::support::fixtures::{SetSpec, template_running_for};
 use crate::support::recorder::{Recorder, Seen};
-use crate::timeline::{self, Change, Orphan, SetChange, Timeline};
+use crate::timeline::{self, Change, Container, Orphan, SetChange, Timeline};
 use crate::under_test::UnderTest;
 use crate::world::{self, Latest, Rng, bound, running};
 
@@ -35,6 +35,8 @@ pub struct Params {
     /// Every set gets its own cleanup template from [`crate::corpus`] (shell operators, here-docs,
     /// non-ASCII, U+2028, CRLF, YAML) instead of the plain JSON one.
     pub corpus: bool,
+    /// Pods and cleanup pods run as real containers on the real node ([`crate::realnode`]).
+    pub real_node: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,7 +88,12 @@ pub async fn run(
         .namespace(&format!("bench-{scenario}-{}", mode.as_str()))
         .await;
     let spare = p.sets * (p.replicas - p.to) as usize * p.rounds.saturating_sub(1);
-    let pvs = world::static_pvs(&ns, p.sets * p.replicas as usize + spare).await;
+    let pv_count = p.sets * p.replicas as usize + spare;
+    let pvs = if p.real_node {
+        crate::realnode::pvs(&ns, pv_count).await
+    } else {
+        world::static_pvs(&ns, pv_count).await
+    };
     let pods = Recorder::start(ns.api(), watcher::Config::default()).await;
     let claims = Recorder::start(ns.api(), watcher::Config::default()).await;
     let set_recorder = Recorder::start(ns.api(), watcher::Config::default()).await;
@@ -122,6 +129,8 @@ pub async fn run(
     let after = format!("{}ms", (p.cleanup_seconds * 1000.0) as u64);
     let templates: Vec<String> = if p.corpus {
         crate::corpus::templates(p.sets, &after, seed)
+    } else if p.real_node {
+        vec![crate::realnode::cleanup_template(p.cleanup_seconds); p.sets]
     } else {
         vec![template_running_for(&after); p.sets]
     };
@@ -202,6 +211,11 @@ pub async fn run(
         .map(|r| r.json(audit_read.as_ref(), identity.as_ref()))
         .collect();
     let audit_json = audit::phase_json(audit_read.as_ref(), &phase.ns.name);
+    let placement = if p.real_node {
+        crate::realnode::placement(&phase.cluster, &phase.pods).await
+    } else {
+        Value::Null
+    };
     let others_at_end = world::other_namespaces(&phase.cluster.client, &phase.ns.name).await;
     let teardown = phase.teardown(controller).await;
     json!({
@@ -214,6 +228,7 @@ pub async fn run(
         "control_plane": control_plane,
         "audit": audit_json,
         "corpus_preflight_refused": preflight,
+        "real_node": placement,
         "cluster": {
             "shared": !others_at_start.is_empty() || !others_at_end.is_empty(),
             "other_namespaces_at_start": others_at_start.len(),
@@ -239,7 +254,11 @@ fn set(name: &str, template: &str, class: &str, p: &Params, mode: Mode) -> State
             spec.extra_spec = json!({"persistentVolumeClaimRetentionPolicy": {"whenScaled": "Delete", "whenDeleted": "Retain"}});
         }
     }
-    spec.build()
+    if p.real_node {
+        crate::realnode::on_real_node(spec.build())
+    } else {
+        spec.build()
+    }
 }
 
 impl Phase {
@@ -450,6 +469,7 @@ impl RoundData {
             "orphans": self.orphans.len(),
             "complete": self.done,
             "patches_issued_ms": self.issued.as_millis() as u64,
+            "origin_unix_ms": round3(self.origin_unix_ms),
             "all_done_ms": self.elapsed.as_millis() as u64,
             "max_cleanup_pods_per_ordinal": timelines.iter().map(|t| t.cleanup_pods).max(),
             "cleanup_pods": cleanup,
@@ -508,5 +528,23 @@ pub fn change<K: kube::Resource + 'static>(s: &Seen<K>, origin: Instant) -> Chan
         cleanup: s.labels.contains_key(naming::CLEANUP_LABEL),
         phase,
         gated,
+        scheduled: pod.is_some_and(|p| crate::support::recorder::node(p).is_some()),
+        container: pod.map_or(Container::Unreported, container),
+    }
+}
+
+/// The state of the pod's first container, as its node last reported it.
+fn container(pod: &Pod) -> Container {
+    let state = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .map(|c| c.state.clone().unwrap_or_default());
+    match state {
+        None => Container::Unreported,
+        Some(s) if s.terminated.is_some() => Container::Terminated,
+        Some(s) if s.running.is_some() => Container::Running,
+        Some(_) => Container::Waiting,
     }
 }
