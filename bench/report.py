@@ -23,7 +23,7 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 PLOTS = os.path.join(ROOT, "bench", "plots")
 MARKDOWN = os.path.join(ROOT, "BENCHMARKS.md")
 
-SCENARIOS = ["single", "sets20", "sets500", "sets5000", "corpus", "idle", "podbound"]
+SCENARIOS = ["single", "sets20", "sets500", "sets5000", "corpus", "idle", "podbound", "realnode"]
 # kube-controller-manager work queues on the path of a scale-down's claims.
 QUEUES = ["statefulset", "garbage_collector_attempt_to_delete", "pvcprotection"]
 NOTES = os.path.join(ROOT, "bench", "notes.md")
@@ -37,6 +37,7 @@ TITLES = {
     "idle": "idle: background pods and annotated sets, nothing changes",
     "podbound": "claims bound to pods (`--pod-bound-claims`): claims and their pods created among background pods, "
                 "then the pods deleted",
+    "realnode": "10 sets of 3 → 1 at once, pods and cleanup pods real containers on the real node",
 }
 # Latencies of the podbound rounds: (round, key in latency_ms, label).
 PODBOUND_LATENCIES = {
@@ -809,7 +810,7 @@ def targets(runs):
             lambda v: f"{v:.1f} MiB")
         row(f"requests while idle besides watches, {num(c['window_s'], 0)} s (0)",
             abs(c["requests_in_window"]["non_watch_total"]), 0, lambda v: f"{v:.0f}")
-    return ["| Target (issues 9, 25) | Measured | Met |", "|---|---|---|"] + rows
+    return ["| Target (issues 9, 25) | Measured | Met |", "|---|---|---|"] + rows + realnode_targets(runs)
 
 
 def history(runs):
@@ -879,6 +880,9 @@ def markdown(runs):
         if s == "podbound":
             out += podbound_section(r, baseline(runs, s, r)) + [""]
             continue
+        if s == "realnode":
+            out += realnode_section(r, baseline(runs, s, r)) + [""]
+            continue
         before = baseline(runs, s, r)
         out += latency_table(r, before) + [""]
         cleanup = cleanup_table(r, before)
@@ -892,6 +896,110 @@ def markdown(runs):
         out += ["## Notes", "", "<!-- Included from bench/notes.md, written by hand. -->", "", notes, ""]
     out += ["## All runs", ""] + history(runs) + [""]
     return "\n".join(out)
+
+
+# === realnode (the real node's containers) ===
+
+# (label, from event, to event, in the native table too). From the cleanup pod whose container
+# started first: when it was first seen scheduled, reported on by the kubelet, running, exited.
+REALNODE_LATENCIES = [
+    ("**stateful pod gone → cleanup container running**", "pod_gone_ms", "cleanup_running_ms", False),
+    ("**cleanup container exited → claim deletion seen**", "cleanup_exited_ms", "claim_deleting_ms", False),
+    ("stateful pod gone → claim deletion seen", "pod_gone_ms", "claim_deleting_ms", True),
+    ("stateful pod gone → claim gone", "pod_gone_ms", "claim_gone_ms", True),
+    ("… pod gone → cleanup pod created", "pod_gone_ms", "cleanup_created_ms", False),
+    ("… created → released (confirm gate removed)", "released_pod_created_ms", "cleanup_released_ms", False),
+    ("… released → scheduled (`nodeName` seen)", "cleanup_released_ms", "cleanup_scheduled_ms", False),
+    ("… scheduled → the kubelet's first status", "cleanup_scheduled_ms", "cleanup_reported_ms", False),
+    ("… the kubelet's first status → container running", "cleanup_reported_ms", "cleanup_running_ms", False),
+    ("cleanup container running → exited (it sleeps `cleanup-seconds`)", "cleanup_running_ms",
+     "cleanup_exited_ms", False),
+]
+REALNODE_TARGET_MS = 2000
+
+
+def realnode_section(run, before):
+    """Latencies per orphaned ordinal on the real node, controller and native, with the steps from
+    the stateful pod gone to the cleanup container running."""
+    c, n = phase(run, "controller"), phase(run, "native")
+    b = phase(before, "controller") if before else None
+    head = "| Latency (ms) | controller n | p50 | p99 | max | native n | p50 | p99 | max |"
+    sep = "|---|---|---|---|---|---|---|---|---|"
+    if b:
+        head += f" before (`{commit_of(before)}`) p50 | p99 |"
+        sep += "---|---|"
+    out = [head, sep]
+    for label, start, end, native in REALNODE_LATENCIES:
+        row = f"| {label} |"
+        for p in (c, n if native else None):
+            values = latencies(p, start, end) if p else []
+            row += (f" {len(values) if p else '–'} | {ms(quantile(values, 0.5))} | {ms(quantile(values, 0.99))} | "
+                    f"{ms(max(values) if values else None)} |")
+        if b:
+            values = latencies(b, start, end)
+            row += f" {ms(quantile(values, 0.5))} | {ms(quantile(values, 0.99))} |"
+        out.append(row)
+    done = [ms(all_done_ms(p)) for p in (c, n)]
+    out.append(f"| scale-down issued → last ordinal done | | | | {done[0]} | | | | {done[1]} |"
+               + (f" | {ms(all_done_ms(b))} |" if b else ""))
+    ords = ordinals(c)
+    missed = sum(1 for o in ords if o.get("running_missed"))
+    out += ["", f"- Cleanup containers first seen already exited (their running state fell between two kubelet "
+                f"status updates; counted at that update): {missed} of {len(ords)}."]
+    for p in (c, n):
+        node = (p or {}).get("real_node") or {}
+        if node:
+            out.append(f"- Node during the {p['mode']} phase: `{node['node']}` (kubelet {node.get('kubelet') or '?'}, "
+                       f"{node.get('container_runtime') or '?'}); pods seen on it {node['pods_on_real_node']}, "
+                       f"elsewhere {node['pods_elsewhere']}.")
+    cleanup = cleanup_table(run, before)
+    out += [""] + (cleanup + [""] if cleanup else [])
+    out += controller_lines(run) + cluster_lines(run) + control_plane_lines(run) + [""]
+    out += ["![latency CDFs of realnode](bench/plots/latency-realnode.png)"]
+    return out
+
+
+def realnode_targets(runs):
+    """The realnode target row: pod gone → cleanup container running, p99 ≤ 2 s."""
+    r = latest(runs, "realnode")
+    values = latencies(phase(r, "controller"), "pod_gone_ms", "cleanup_running_ms") if r else []
+    v = quantile(values, 0.99)
+    target = "stateful pod gone → cleanup container running, p99, `realnode` (≤ 2 s)"
+    if v is None:
+        return [f"| {target} | – | – |"]
+    met = "yes" if v <= REALNODE_TARGET_MS else f"no ({(v - REALNODE_TARGET_MS) / 1000:.2f} s over)"
+    return [f"| {target} | {v / 1000:.2f} s | {met} |"]
+
+
+def plot_realnode(plt, runs):
+    from matplotlib.ticker import NullFormatter
+
+    r = latest(runs, "realnode")
+    c, n = phase(r, "controller"), phase(r, "native")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    # Seconds-long container latencies span less than a decade: a linear axis; the third panel sets
+    # the native baseline's milliseconds beside them: log.
+    panels = [(REALNODE_LATENCIES[0], False), (REALNODE_LATENCIES[1], False), (REALNODE_LATENCIES[2], True)]
+    for ax, ((label, start, end, native), log) in zip(axes, panels):
+        for p, name in ((c, "controller"), (n if native else None, "native (whenScaled: Delete)")):
+            if p:
+                cdf(ax, [max(v, 0.1) for v in latencies(p, start, end)], label=f"{name} @{commit_of(r)}")
+        if start == "pod_gone_ms" and end == "cleanup_running_ms":
+            ax.axvline(REALNODE_TARGET_MS, color="grey", linestyle=":", label="target p99")
+        if log:
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        else:
+            ax.set_xlim(left=0)
+        ax.set_xlabel("ms (log)" if log else "ms")
+        ax.set_ylabel("fraction of ordinals")
+        ax.set_title(label.replace("*", ""), fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"realnode: {TITLES['realnode']} ({r['started_at']})", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(os.path.join(PLOTS, "latency-realnode.png"), dpi=90, metadata={"Software": None})
+    plt.close(fig)
 
 
 # === plots ===
@@ -1007,8 +1115,10 @@ def plots(runs):
 
     os.makedirs(PLOTS, exist_ok=True)
     for s in SCENARIOS:
-        if s not in ("idle", "podbound") and latest(runs, s):
+        if s not in ("idle", "podbound", "realnode") and latest(runs, s):
             plot_latencies(plt, runs, s)
+    if latest(runs, "realnode"):
+        plot_realnode(plt, runs)
     if runs:
         plot_memory(plt, runs)
     if growth_points(runs):

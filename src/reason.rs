@@ -71,9 +71,9 @@ reasons! {
     Normal CleanupRetry = "CleanupRetry"
         when "a failed cleanup pod was deleted for the next attempt",
     /// A cleanup pod was created but the confirmation read showed its ordinal wanted (or the set
-    /// changed); the pod, which never ran, was deleted again.
+    /// changed), or its claims went before it was scheduled; the pod, which never ran, was deleted.
     Normal CleanupCancelled = "CleanupCancelled"
-        when "a cleanup pod was created but its ordinal was wanted again (or the set changed); it never ran and was deleted",
+        when "a cleanup pod was created but its ordinal was wanted again (or the set changed), or its claims were deleted before it was scheduled; it never ran and was deleted",
     /// The set was deleted with orphan propagation.
     Normal OrphanDeletion = "OrphanDeletion"
         when "the set was deleted with orphan propagation",

@@ -18,6 +18,11 @@
 //!   claims and their pods created among 9,000 background pods in 10 namespaces, then the pods
 //!   deleted; per round the controller's requests and passes, pod created → owner added on its
 //!   claim, pod gone → claim gone. Not in `make bench`'s default list: `make bench SCENARIO=podbound`.
+//! - `realnode`: 10 sets of 3 scaled to 1 at once, their pods and the cleanup pods (2 s of sleep)
+//!   real containers on the real node (`--real-node 1`, `bench/realnode.rs`); per ordinal also
+//!   stateful pod gone → cleanup container running and cleanup container exited → claim deleted.
+//!   Needs the real node (`make bench SCENARIO=realnode` starts the cluster with it; the run fails
+//!   at once without it). Not in `make bench`'s default list.
 //!
 //! The scale-down scenarios run twice: with the controller (`controller`), and with Kubernetes
 //! deleting the claims itself (`native`: `persistentVolumeClaimRetentionPolicy.whenScaled:
@@ -45,8 +50,8 @@
 //!
 //! Arguments: `--scenario NAME --seed N [--sets N --claims N --replicas N --to N --rounds N --pods N
 //! --pod-namespaces N --set-namespaces N --start-after-setup 0|1 --idle-seconds N --cleanup-seconds X
-//! --timeout SECS
-//! --corpus 0|1 --modes controller,native --controller-arg FLAG ... --out DIR]`, or `--self-test`.
+//! --timeout SECS --corpus 0|1 --real-node 0|1 --modes controller,native --controller-arg FLAG ...
+//! --out DIR]`, or `--self-test`.
 
 mod support;
 
@@ -60,6 +65,8 @@ mod idle;
 mod podbound;
 #[path = "bench/probe.rs"]
 mod probe;
+#[path = "bench/realnode.rs"]
+mod realnode;
 #[path = "bench/scaledown.rs"]
 mod scaledown;
 #[path = "bench/timeline.rs"]
@@ -78,10 +85,10 @@ use serde_json::{Value, json};
 
 use scaledown::Mode;
 
-/// The scenarios. `make bench` runs all but `sets5000`, `corpus` and `podbound` by default (the
-/// Makefile's list), in this order; `make bench SCENARIO=corpus` runs that one.
-const SCENARIOS: [&str; 7] = [
-    "single", "sets20", "sets500", "sets5000", "corpus", "idle", "podbound",
+/// The scenarios. `make bench` runs all but `sets5000`, `corpus`, `podbound` and `realnode` by
+/// default (the Makefile's list), in this order; `make bench SCENARIO=corpus` runs that one.
+const SCENARIOS: [&str; 8] = [
+    "single", "sets20", "sets500", "sets5000", "corpus", "idle", "podbound", "realnode",
 ];
 
 struct Options {
@@ -147,13 +154,23 @@ fn preset(scenario: &str) -> Option<Vec<(&'static str, &'static str)>> {
             ("pods", "10000"),
             ("pod-namespaces", "10"),
         ],
+        // The cleanup container sleeps 2 s, so that the kubelet (which looks at its containers
+        // every second) reports it running before it exits.
+        "realnode" => &[
+            ("sets", "10"),
+            ("replicas", "3"),
+            ("to", "1"),
+            ("rounds", "1"),
+            ("real-node", "1"),
+            ("cleanup-seconds", "2"),
+        ],
         _ => return None,
     };
     // A scenario's own value overrides the common one (the later entry wins in `options`).
     Some(common.iter().chain(own).copied().collect())
 }
 
-const PARAMETERS: [&str; 14] = [
+const PARAMETERS: [&str; 15] = [
     "sets",
     "claims",
     "replicas",
@@ -167,6 +184,7 @@ const PARAMETERS: [&str; 14] = [
     "cleanup-seconds",
     "timeout",
     "corpus",
+    "real-node",
     "seed",
 ];
 
@@ -291,6 +309,12 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
+    if options.number("real-node") > 0.0
+        && let Err(e) = runtime.block_on(realnode::require())
+    {
+        println!("bench: FAILED before starting: {e}");
+        return ExitCode::from(2);
+    }
     let result = runtime.block_on(run(&options));
     let path = write(&options, &result);
     println!("bench: wrote {}", path.display());
@@ -346,6 +370,7 @@ async fn run(o: &Options) -> Value {
             cleanup_seconds: o.number("cleanup-seconds"),
             timeout: o.timeout(),
             corpus: o.number("corpus") > 0.0,
+            real_node: o.number("real-node") > 0.0,
         };
         for mode in &o.modes {
             phases.push(scaledown::run(&o.scenario, &p, *mode, o.seed, &o.controller_args).await);

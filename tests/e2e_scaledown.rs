@@ -572,6 +572,47 @@ async fn a_cleanup_pod_deleted_by_a_user_is_recreated() {
     assert!(env.claim_uid("data-web-1").await.is_some());
 }
 
+/// A released cleanup pod that cannot be scheduled (its template's nodeSelector matches no node)
+/// and whose claim is then deleted by a user can never start: the controller deletes it
+/// (`CleanupCancelled`) instead of keeping the ordinal's name forever. The same state followed a
+/// failover in `make chaos` (seed 20261128), where the new leader's claim cache lagged.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unscheduled_cleanup_pod_whose_claim_is_deleted_goes() {
+    let env = Env::new("claim-gone", 2, &[]).await;
+    let mut spec = SetSpec::new("web", 2, &env.class);
+    let mut unschedulable: serde_json::Value =
+        serde_json::from_str(&ok_template()).expect("template");
+    unschedulable["spec"]["nodeSelector"] = json!({"scaledown.test/nowhere": "true"});
+    spec.template = Some(unschedulable.to_string());
+    env.create_running(&spec).await;
+    let pods = env.record_pods().await;
+    env.scale("web", 1).await;
+    let cleanup = env.wait_cleanup_pod("web-1").await;
+    support::wait_for_some("cleanup pod web-1 released (ungated)", LONG, || async {
+        env.pods()
+            .get_opt("web-1")
+            .await
+            .ok()
+            .flatten()
+            .filter(|p| p.uid() == cleanup.uid() && !is_gated(p))
+    })
+    .await;
+    env.claims()
+        .delete("data-web-1", &DeleteParams::default())
+        .await
+        .expect("delete claim data-web-1");
+    let uid = cleanup.uid().unwrap_or_default();
+    let gone = pods
+        .wait_for("cleanup pod web-1 deleted", LONG, |s| {
+            s.uid == uid && s.deleting
+        })
+        .await;
+    assert_eq!(gone.name, "web-1");
+    env.wait_event("web", "CleanupCancelled").await;
+    env.wait_claim_gone("data-web-1").await;
+    wait_for_gone(&env.pods(), "web-1", LONG).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn scale_up_during_cleanup() {
     let env = Env::new("scale-up-during", 4, &[]).await;

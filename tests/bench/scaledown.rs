@@ -22,7 +22,7 @@ use crate::probe::{self, round3};
 use crate::support::fixtures::{FINALIZER, SetSpec, template_running_for};
 use crate::support::recorder::Seen;
 use crate::support::{Cluster, TestNamespace};
-use crate::timeline::{self, Change, Orphan, SetChange, Timeline};
+use crate::timeline::{self, Change, Container, Orphan, SetChange, Timeline};
 use crate::under_test::UnderTest;
 use crate::world::{self, Latest, Rng, Watches, bound, running};
 
@@ -44,6 +44,8 @@ pub struct Params {
     /// Every set gets its own cleanup template from [`crate::corpus`] (shell operators, here-docs,
     /// non-ASCII, U+2028, CRLF, YAML) instead of the plain JSON one.
     pub corpus: bool,
+    /// Pods and cleanup pods run as real containers on the real node ([`crate::realnode`]).
+    pub real_node: bool,
 }
 
 impl Params {
@@ -174,6 +176,11 @@ pub async fn run(
     let measured = phase
         .measure(p, mode, seed, setup_ok, controller.as_ref())
         .await;
+    // The real node's scenario has one namespace (its preset): one pod watch.
+    let placement = match phase.pods.recorders.first() {
+        Some(pods) if p.real_node => crate::realnode::placement(&phase.cluster, pods).await,
+        _ => Value::Null,
+    };
     let others_at_end = world::other_namespaces(&phase.cluster.client, &phase.own()).await;
     let teardown = phase.teardown(controller, p.timeout).await;
     json!({
@@ -188,6 +195,7 @@ pub async fn run(
         "apiserver_queues": measured["apiserver_queues"],
         "audit": measured["audit"],
         "corpus_preflight_refused": preflight,
+        "real_node": placement,
         "cluster": {
             "shared": !others_at_start.is_empty() || !others_at_end.is_empty(),
             "other_namespaces_at_start": others_at_start.len(),
@@ -209,7 +217,11 @@ fn set(name: &str, template: &str, class: &str, p: &Params, mode: Mode) -> State
             spec.extra_spec = json!({"persistentVolumeClaimRetentionPolicy": {"whenScaled": "Delete", "whenDeleted": "Retain"}});
         }
     }
-    spec.build()
+    if p.real_node {
+        crate::realnode::on_real_node(spec.build())
+    } else {
+        spec.build()
+    }
 }
 
 /// The cleanup template of each set (its pods run `cleanup_seconds`), and with `corpus` the
@@ -221,6 +233,10 @@ async fn templates(
     ns: &TestNamespace,
 ) -> (Vec<String>, Vec<String>) {
     let after = format!("{}ms", (p.cleanup_seconds * 1000.0) as u64);
+    if p.real_node && !p.corpus {
+        let template = crate::realnode::cleanup_template(p.cleanup_seconds);
+        return (vec![template; p.sets], Vec::new());
+    }
     if !p.corpus {
         return (vec![template_running_for(&after); p.sets], Vec::new());
     }
@@ -285,7 +301,12 @@ impl Phase {
         let mut classes = Vec::with_capacity(k);
         for (j, ns) in namespaces.iter().enumerate() {
             let n = sets.iter().filter(|(i, _)| *i == j).count();
-            classes.push(world::static_pvs(ns, n * per_set).await.class);
+            let pvs = if p.real_node {
+                crate::realnode::pvs(ns, n * per_set).await
+            } else {
+                world::static_pvs(ns, n * per_set).await
+            };
+            classes.push(pvs.class);
         }
         let own: Vec<String> = namespaces.iter().map(|n| n.name.clone()).collect();
         let client = cluster.client.clone();
@@ -668,6 +689,7 @@ impl RoundData {
             "orphans": self.orphans.len(),
             "complete": self.done,
             "patches_issued_ms": self.issued.as_millis() as u64,
+            "origin_unix_ms": round3(self.origin_unix_ms),
             "all_done_ms": self.elapsed.as_millis() as u64,
             "max_cleanup_pods_per_ordinal": timelines.iter().map(|t| t.cleanup_pods).max(),
             "cleanup_pods": cleanup,
@@ -745,6 +767,24 @@ pub fn change<K: kube::Resource + 'static>(s: &Seen<K>, origin: Instant) -> Chan
         cleanup: s.labels.contains_key(naming::CLEANUP_LABEL),
         phase,
         gated,
+        scheduled: pod.is_some_and(|p| crate::support::recorder::node(p).is_some()),
+        container: pod.map_or(Container::Unreported, container),
+    }
+}
+
+/// The state of the pod's first container, as its node last reported it.
+fn container(pod: &Pod) -> Container {
+    let state = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .map(|c| c.state.clone().unwrap_or_default());
+    match state {
+        None => Container::Unreported,
+        Some(s) if s.terminated.is_some() => Container::Terminated,
+        Some(s) if s.running.is_some() => Container::Running,
+        Some(_) => Container::Waiting,
     }
 }
 

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use crate::audit::{CONTROLLER, PodDelete};
 
 /// One recorded change, reduced to what the timelines need. `at_ms` counts from the scale-down.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Change {
     pub at_ms: f64,
     pub name: String,
@@ -21,12 +21,35 @@ pub struct Change {
     pub phase: String,
     /// Pods: still carries the controller's scheduling gate (`naming::CONFIRM_GATE`).
     pub gated: bool,
+    /// Pods: bound to a node (`spec.nodeName` set).
+    pub scheduled: bool,
+    /// Pods: the first container's state as the kubelet (or KWOK) reported it (see [`Container`]).
+    pub container: Container,
+}
+
+/// The state of a pod's first container in `status.containerStatuses`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Container {
+    /// No status for it yet: no kubelet has reported on the pod.
+    #[default]
+    Unreported,
+    /// Reported, not started (`waiting`: ContainerCreating, ...).
+    Waiting,
+    Running,
+    /// `terminated` (exited, whatever the code).
+    Terminated,
 }
 
 impl Change {
     /// The pod started: a phase past Pending.
     fn started(&self) -> bool {
         matches!(self.phase.as_str(), "Running" | "Succeeded" | "Failed")
+    }
+
+    /// The pod's container has exited, or the pod is done (`Succeeded`, `Failed`).
+    fn exited(&self) -> bool {
+        self.container == Container::Terminated
+            || matches!(self.phase.as_str(), "Succeeded" | "Failed")
     }
 }
 
@@ -73,6 +96,14 @@ pub struct Timeline {
     pub deleted_before_start: Vec<PodEnd>,
     /// Cleanup pods that someone other than the controller deleted after they started.
     pub deleted_by_others_after_start: Vec<PodEnd>,
+    /// The cleanup pod whose container started first (see [`container_times`]): first seen bound
+    /// to a node, first seen with a container status (the kubelet's first report), first seen with
+    /// its container running (or already terminated: `running_missed`), first seen exited.
+    pub cleanup_scheduled: Option<f64>,
+    pub cleanup_reported: Option<f64>,
+    pub cleanup_running: Option<f64>,
+    pub running_missed: bool,
+    pub cleanup_exited: Option<f64>,
 }
 
 /// A cleanup pod that went away: when the watch saw it go, whether it still had its gate then,
@@ -185,11 +216,38 @@ pub fn timeline(
             t.deleted_by_others_after_start.push(pod_end);
         }
     }
+    container_times(&mut t, &cleanups);
     t
 }
 
-/// The latencies the bench reports, each from one event of an ordinal to a later one.
-pub const LATENCIES: [(&str, &str, &str); 6] = [
+/// The container's side of an ordinal's cleanup, from the changes of its cleanup pods (in the
+/// order seen): the pod whose container was first seen started (running, or already terminated
+/// when one status update carried both the start and the exit), and when that pod was first seen
+/// scheduled, reported on by a kubelet, started and exited (container terminated, or the pod
+/// Succeeded or Failed). Without a started container (KWOK may report none), only the first
+/// exit of any of them.
+fn container_times(t: &mut Timeline, cleanups: &[&Change]) {
+    let started = |c: &&&Change| matches!(c.container, Container::Running | Container::Terminated);
+    let Some(ran) = cleanups.iter().find(started) else {
+        t.cleanup_exited = cleanups.iter().find(|c| c.exited()).map(|c| c.at_ms);
+        return;
+    };
+    let own: Vec<&Change> = cleanups
+        .iter()
+        .copied()
+        .filter(|c| c.uid == ran.uid)
+        .collect();
+    let first = |f: &dyn Fn(&Change) -> bool| own.iter().find(|c| f(c)).map(|c| c.at_ms);
+    t.cleanup_scheduled = first(&|c| c.scheduled);
+    t.cleanup_reported = first(&|c| c.container != Container::Unreported);
+    t.cleanup_running = Some(ran.at_ms);
+    t.running_missed = ran.container == Container::Terminated;
+    t.cleanup_exited = first(&|c| c.exited());
+}
+
+/// The latencies the bench reports, each from one event of an ordinal to a later one. The last
+/// six follow the cleanup pod's container (the `realnode` scenario's; KWOK reports containers too).
+pub const LATENCIES: [(&str, &str, &str); 12] = [
     ("pod_gone_to_cleanup_created", "pod_gone", "cleanup_created"),
     (
         "cleanup_succeeded_to_claim_deleting",
@@ -208,6 +266,32 @@ pub const LATENCIES: [(&str, &str, &str); 6] = [
         "release_allowed",
         "cleanup_released",
     ),
+    ("pod_gone_to_cleanup_running", "pod_gone", "cleanup_running"),
+    (
+        "cleanup_exited_to_claim_deleting",
+        "cleanup_exited",
+        "claim_deleting",
+    ),
+    (
+        "cleanup_released_to_scheduled",
+        "cleanup_released",
+        "cleanup_scheduled",
+    ),
+    (
+        "cleanup_scheduled_to_reported",
+        "cleanup_scheduled",
+        "cleanup_reported",
+    ),
+    (
+        "cleanup_reported_to_running",
+        "cleanup_reported",
+        "cleanup_running",
+    ),
+    (
+        "cleanup_running_to_exited",
+        "cleanup_running",
+        "cleanup_exited",
+    ),
 ];
 
 impl Timeline {
@@ -221,6 +305,10 @@ impl Timeline {
             "released_pod_created" => self.released_pod_created,
             "cleanup_released" => self.cleanup_released,
             "set_caught_up" => self.set_caught_up,
+            "cleanup_scheduled" => self.cleanup_scheduled,
+            "cleanup_reported" => self.cleanup_reported,
+            "cleanup_running" => self.cleanup_running,
+            "cleanup_exited" => self.cleanup_exited,
             // The release rule holds from here on: the released pod exists and the set's status
             // shows the StatefulSet controller done.
             "release_allowed" => Some(self.released_pod_created?.max(self.set_caught_up?)),
@@ -282,6 +370,11 @@ pub fn timeline_json(orphan: &Orphan, t: &Timeline) -> Value {
         "released_pod_created_ms": t.released_pod_created,
         "cleanup_released_ms": t.cleanup_released,
         "set_caught_up_ms": t.set_caught_up,
+        "cleanup_scheduled_ms": t.cleanup_scheduled,
+        "cleanup_reported_ms": t.cleanup_reported,
+        "cleanup_running_ms": t.cleanup_running,
+        "running_missed": t.running_missed,
+        "cleanup_exited_ms": t.cleanup_exited,
         "deleted_before_start": t.deleted_before_start.iter().map(pod_end_json).collect::<Vec<_>>(),
         "deleted_by_others_after_start": t.deleted_by_others_after_start.iter().map(pod_end_json).collect::<Vec<_>>(),
     })
@@ -362,6 +455,7 @@ pub fn self_test() -> Result<usize, String> {
         cleanup,
         phase: phase.into(),
         gated,
+        ..Change::default()
     };
     let orphan = |pod: &str, pod_uid: &str, claim_uid: &str| Orphan {
         round: 0,
@@ -460,6 +554,9 @@ pub fn self_test() -> Result<usize, String> {
             end("k2", 99.0, true, Some(CONTROLLER)),
         ],
         deleted_by_others_after_start: vec![],
+        // No container statuses here: the exit is the pod's Succeeded.
+        cleanup_exited: Some(90.0),
+        ..Timeline::default()
     };
     expect(t == want, &format!("timeline: got {t:?}, want {want:?}"))?;
     let s = latency_summaries(std::slice::from_ref(&t));
@@ -517,6 +614,96 @@ pub fn self_test() -> Result<usize, String> {
         s["pod_gone_to_cleanup_created"]["n"] == json!(0)
             && s["pod_gone_to_claim_gone"]["p99"] == json!(120.0),
         "native latencies",
+    )?;
+    Ok(checks + container_self_test()?)
+}
+
+/// Checks [`container_times`] on a synthetic real-node recording: a cleanup pod deleted while
+/// gated, then one scheduled, reported, running, exited; and one whose first report is the exit.
+fn container_self_test() -> Result<usize, String> {
+    let c = |at_ms: f64, uid: &str, scheduled: bool, container: Container, phase: &str| Change {
+        at_ms,
+        name: "s-1".into(),
+        uid: uid.into(),
+        cleanup: true,
+        phase: phase.into(),
+        gated: !scheduled,
+        scheduled,
+        container,
+        gone: phase == "gone",
+        deleting: phase == "gone",
+    };
+    use Container::*;
+    let pods = vec![
+        Change {
+            at_ms: 10.0,
+            name: "s-1".into(),
+            uid: "p1".into(),
+            gone: true,
+            deleting: true,
+            phase: "Running".into(),
+            container: Running,
+            scheduled: true,
+            ..Change::default()
+        },
+        c(20.0, "k0", false, Unreported, "Pending"),
+        c(25.0, "k0", false, Unreported, "gone"),
+        c(40.0, "k1", false, Unreported, "Pending"),
+        c(50.0, "k1", true, Unreported, "Pending"),
+        c(300.0, "k1", true, Waiting, "Pending"),
+        c(1300.0, "k1", true, Running, "Running"),
+        c(3300.0, "k1", true, Terminated, "Running"),
+        c(3400.0, "k1", true, Terminated, "Succeeded"),
+    ];
+    let claims = vec![Change {
+        at_ms: 3500.0,
+        name: "data-s-1".into(),
+        uid: "c1".into(),
+        deleting: true,
+        ..Change::default()
+    }];
+    let orphan = Orphan {
+        round: 0,
+        namespace: "ns".into(),
+        set: "s".into(),
+        ordinal: 1,
+        pod: "s-1".into(),
+        pod_uid: "p1".into(),
+        claim: "data-s-1".into(),
+        claim_uid: "c1".into(),
+    };
+    let t = timeline(&orphan, &pods, &claims, &[], &[]);
+    let mut checks = 0;
+    let mut expect = |ok: bool, what: String| -> Result<(), String> {
+        checks += 1;
+        if ok { Ok(()) } else { Err(what) }
+    };
+    expect(
+        t.cleanup_scheduled == Some(50.0)
+            && t.cleanup_reported == Some(300.0)
+            && t.cleanup_running == Some(1300.0)
+            && !t.running_missed
+            && t.cleanup_exited == Some(3300.0),
+        format!("the container times of the pod that ran, not of the one deleted before: {t:?}"),
+    )?;
+    let s = latency_summaries(std::slice::from_ref(&t));
+    expect(
+        s["pod_gone_to_cleanup_running"]["p50"] == json!(1290.0)
+            && s["cleanup_exited_to_claim_deleting"]["p50"] == json!(200.0)
+            && s["cleanup_scheduled_to_reported"]["p50"] == json!(250.0),
+        format!(
+            "gone -> running 1290, exited -> claim deleting 200, scheduled -> reported 250: {s:?}"
+        ),
+    )?;
+    // One status update with the start and the exit: running is that update, flagged as missed.
+    let short = [&pods[..5], &[c(900.0, "k1", true, Terminated, "Succeeded")]].concat();
+    let t = timeline(&orphan, &short, &claims, &[], &[]);
+    expect(
+        t.cleanup_running == Some(900.0)
+            && t.running_missed
+            && t.cleanup_exited == Some(900.0)
+            && t.cleanup_reported == Some(900.0),
+        format!("a container first reported terminated: {t:?}"),
     )?;
     Ok(checks)
 }

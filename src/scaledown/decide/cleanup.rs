@@ -13,6 +13,7 @@
 //!     │ and a live read of the set still shows the ordinal orphaned
 //!     ▼
 //!  Starting → Running (Pending too long, or restarted in place: reported)   run.rs
+//!     │ (gated, or not scheduled yet, with its claims gone: delete it, never ran)
 //!     │
 //!     ├─ Succeeded: on a live read (set and namespace), delete the recorded  finish.rs
 //!     │  claims by UID, then the pod; wanted again: keep the claims, delete the pod

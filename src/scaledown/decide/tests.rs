@@ -952,6 +952,66 @@ fn recorded_but_gated_pods_are_released_or_cancelled_on_a_live_read() {
     );
 }
 
+/// Found by `make chaos` (seed 20261128): after a failover the new leader's claim cache still
+/// showed the claim of a cleanup the old leader had just finished, so it created and released a
+/// cleanup pod for it. That pod could never be scheduled, kept the ordinal's name and held the
+/// finalizer of the set, which was being deleted, forever. A cleanup pod that has not started and
+/// whose recorded claims are gone, replaced or being deleted is deleted, on a live list.
+#[test]
+fn a_cleanup_pod_that_has_not_started_goes_when_its_claims_are_gone() {
+    let with_pod = |gated: bool, scheduled: bool, claim: Option<ClaimFacts>| {
+        let mut o = with_claims(web(2), 0..2, 0..2);
+        o.ordinals.entry(2).or_default().claims.extend(claim);
+        let mut pod = cleanup(2, Phase::Pending, 1);
+        if let PodRole::Cleanup(c) = &mut pod.role {
+            c.gated = gated;
+            c.scheduled = scheduled;
+        }
+        set_pod(&mut o, 2, pod);
+        o
+    };
+    let cancelled = ["event CleanupCancelled", "delete-cleanup web-2 NeverRan"];
+    let mut deleting = claim("data", 2);
+    deleting.deleting = true;
+    let mut replaced = claim("data", 2);
+    replaced.uid = "uid-data-2-new".into();
+    for (what, gated, scheduled, claim) in [
+        ("gated, claim gone", true, false, None),
+        (
+            "gated, claim being deleted",
+            true,
+            false,
+            Some(deleting.clone()),
+        ),
+        ("gated, claim replaced", true, false, Some(replaced.clone())),
+        ("released, not scheduled, claim gone", false, false, None),
+        (
+            "released, not scheduled, claim replaced",
+            false,
+            false,
+            Some(replaced),
+        ),
+    ] {
+        let o = with_pod(gated, scheduled, claim);
+        assert_eq!(plan(&o), cancelled, "{what}");
+        let mut cached = o.clone();
+        cached.read = SetRead::Cached;
+        let asked = decide(&cached, &Policy::default());
+        assert_eq!(
+            (asked.steps.len(), asked.confirm),
+            (0, Some(Confirm::SetAndNamespace)),
+            "{what}: decided on a live list only"
+        );
+    }
+    // Scheduled: it may have started its init containers; its claim going is not ours to judge.
+    assert!(!plan(&with_pod(false, true, Some(deleting))).contains(&cancelled[1].to_string()));
+    // Its claim there: released as before.
+    assert_eq!(
+        plan(&with_pod(true, false, Some(claim("data", 2)))),
+        ["release web-2"]
+    );
+}
+
 #[test]
 fn recorded_pods_wait_for_the_statefulset_controller_before_they_run() {
     let gated = |status_replicas: u32, observed_generation: i64| {

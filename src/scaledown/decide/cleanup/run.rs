@@ -52,6 +52,42 @@ impl CleanupStep<'_> {
         }
     }
 
+    /// The recorded claims of the pod that are gone, replaced (same name, another UID) or being
+    /// deleted: a pod that mounts them can never be scheduled, or would mount a new claim.
+    pub(super) fn missing_claims(&self) -> Vec<&str> {
+        self.cleanup
+            .claims
+            .iter()
+            .filter(|(name, uid)| {
+                !self
+                    .facts
+                    .claims
+                    .iter()
+                    .any(|c| c.name == **name && c.uid == **uid && c.live())
+            })
+            .map(|(name, _)| name.as_str())
+            .collect()
+    }
+
+    /// A cleanup pod that has not started (gated, or released and not scheduled) whose claims
+    /// are gone: deleted, on a live list of the namespace. Seen after a failover, when the new
+    /// leader's claim cache still showed the claims of a cleanup the old leader had finished: the
+    /// pod it created could never be scheduled and kept the ordinal's name, and the finalizer of a
+    /// deleted set, forever.
+    pub(super) fn cancel_without_claims(&self, plan: &mut Plan) {
+        plan.confirm(Confirm::SetAndNamespace);
+        plan.event(
+            Reason::CleanupCancelled,
+            self.pod.uid.clone(),
+            format!(
+                "cleanup pod {} never ran and is deleted: its claims [{}] are gone or being deleted",
+                self.pod.name,
+                self.missing_claims().join(", ")
+            ),
+        );
+        plan.steps.push(self.delete_pod(PodDeletion::NeverRan));
+    }
+
     /// A container the kubelet restarts in place after it failed (`restartPolicy: OnFailure`): the
     /// pod never reaches Failed, so `--cleanup-attempts` and the backoff do not apply. Say so; the
     /// claims stay, as for any cleanup that has not succeeded.

@@ -72,7 +72,13 @@ pub struct CleanupStep<'a> {
 impl CleanupStep<'_> {
     /// Plans the transition out of the pod's stage.
     pub fn plan(&self, plan: &mut Plan) {
-        match Stage::of(self.cleanup, self.pod.deleting) {
+        let stage = Stage::of(self.cleanup, self.pod.deleting);
+        let unstarted =
+            stage == Stage::Gated || (stage == Stage::Starting && !self.cleanup.scheduled);
+        if unstarted && !self.missing_claims().is_empty() {
+            return self.cancel_without_claims(plan);
+        }
+        match stage {
             Stage::Gated => self.release(plan),
             Stage::Starting => {
                 self.check_restarts(plan);
