@@ -354,29 +354,42 @@ def worse(old, new, unit):
     return new > old * (1 + NOISE_FRACTION) and new - old > floor
 
 
+def flags(runs, new):
+    """The rows of `new` against the run before it of the same setup, and that run (None: none)."""
+    old = previous(runs, new)
+    if not old:
+        return [], None
+    before = {name: v for name, v, _unit in measures(old)}
+    return [regression_row(new["scenario"], name, unit, (old, before.get(name)), (new, v))
+            for name, v, unit in measures(new) if worse(before.get(name), v, unit)], old
+
+
 def regressions(runs):
     """The Regressions section: each scenario's newest run against the run before it of the same
-    setup; a row per measure that got worse beyond noise."""
-    rows, compared = [], []
+    setup, a row per measure that got worse beyond noise; then the same for every earlier run, so a
+    regression stays on record after a later run."""
+    rows, compared, earlier = [], [], []
     for s in SCENARIOS:
         new = latest(runs, s)
-        old = previous(runs, new) if new else None
-        if not old:
+        if not new:
             continue
-        compared.append(f"`{s}` {os.path.basename(new['_file'])} (`{commit_of(new)}`) against "
-                        f"{os.path.basename(old['_file'])} (`{commit_of(old)}`)")
-        before = {name: (v, unit) for name, v, unit in measures(old)}
-        for name, v, unit in measures(new):
-            was = before.get(name, (None, unit))[0]
-            if worse(was, v, unit):
-                rows.append(regression_row(s, name, unit, (old, was), (new, v)))
+        found, old = flags(runs, new)
+        rows += found
+        if old:
+            compared.append(f"`{s}` {os.path.basename(new['_file'])} (`{commit_of(new)}`) against "
+                            f"{os.path.basename(old['_file'])} (`{commit_of(old)}`)")
+        for r in sorted((r for r in runs if r["scenario"] == s and r is not new), key=lambda r: r["started_at"]):
+            earlier += flags(runs, r)[0]
+    head = ["| Scenario | Measure | previous run | newer run | change |", "|---|---|---|---|---|"]
     out = [f"Each scenario's newest run against the run before it with the same parameters and controller flags; "
            f"a p99 latency or the controller's CPU is flagged when it got worse by more than "
            f"{NOISE_FRACTION:.0%} **and** by more than {NOISE_MS:.0f} ms (latencies) or {NOISE_CPU_S:.0f} s (CPU) "
            f"(bench/README.md). Compared: " + ("; ".join(compared) if compared else "none") + ".", ""]
-    if not rows:
-        return out + ["No regressions beyond noise."]
-    return out + ["| Scenario | Measure | previous run | newest run | change |", "|---|---|---|---|---|"] + rows
+    out += head + rows if rows else ["No regressions beyond noise."]
+    if earlier:
+        out += ["", "Earlier runs, each against the run before it (the same rule; a later run may have answered "
+                "them):", ""] + head + earlier
+    return out
 
 
 def regression_row(scenario, name, unit, old, new):
