@@ -83,7 +83,13 @@ pub fn observe(set: &StatefulSet, sources: &Sources<'_>) -> Observed {
         let Some(ordinal) = naming::pod_ordinal(&name, &facts.name) else {
             continue;
         };
-        let detailed = full.get(name.as_str()).copied().unwrap_or(pod);
+        // The cleanup-pod cache and the pod cache lag differently: its whole copy describes this
+        // pod only if it is the same object (a pod of the set may hold the name by now).
+        let detailed = full
+            .get(name.as_str())
+            .copied()
+            .filter(|d| d.uid() == pod.uid())
+            .unwrap_or(pod);
         let role = pod_role(detailed, ordinal, &facts);
         if let PodRole::Cleanup(_) = role {
             // The cleanup pod itself does not keep its claims from being deleted.

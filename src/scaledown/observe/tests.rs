@@ -171,6 +171,39 @@ fn pod_roles_table() {
     }
 }
 
+/// Found by `make chaos` (seed 20261128, round 38): the cleanup-pod cache still held the
+/// recorded, Succeeded cleanup pod `web-2` while the pod cache already held the set's new pod of
+/// that name. The role came from the first and the UID from the second, so "delete the finished
+/// cleanup pod" was sent with the stateful pod's UID and deleted it. The whole copy is used only
+/// when it is the same object.
+#[test]
+fn a_stale_cleanup_pod_copy_never_lends_its_role_to_the_pod_now_holding_the_name() {
+    let set = web(
+        3,
+        json!({"2": {"pod": "uid-ours", "claims": {"data-web-2": "uid-data-web-2"}}}),
+    );
+    let stateful = pod("web-2", "uid-new-stateful", owned_by_web());
+    let stale_cleanup = pod("web-2", "uid-ours", looks_like_ours());
+    let o = observe(
+        &set,
+        &Sources {
+            sets: std::slice::from_ref(&set),
+            claims: &[claim("ns", "data-web-2")],
+            pods: &[stateful],
+            cleanup_pods: &[stale_cleanup],
+            cleanups_in_flight: 0,
+            rejections: BTreeMap::new(),
+            read: SetRead::LiveSet,
+            now: Timestamp::UNIX_EPOCH,
+        },
+    );
+    let facts = o.ordinals.get(&2).and_then(|f| f.pod.as_ref());
+    assert_eq!(
+        facts.map(|p| (p.uid.as_str(), &p.role)),
+        Some(("uid-new-stateful", &PodRole::Stateful))
+    );
+}
+
 #[test]
 fn cleanup_claims_come_from_the_record_not_the_pod() {
     let set = web(
