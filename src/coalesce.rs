@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::FutureExt;
@@ -37,14 +38,14 @@ type Slots<K, T, E> = Arc<Mutex<HashMap<K, Slot<T, E>>>>;
 /// Reads by key, each shared by the callers that asked before it was sent.
 pub struct Coalesce<K, T, E> {
     slots: Slots<K, T, E>,
-    next_id: Mutex<u64>,
+    next_id: AtomicU64,
 }
 
 impl<K, T, E> Default for Coalesce<K, T, E> {
     fn default() -> Self {
         Coalesce {
             slots: Arc::default(),
-            next_id: Mutex::new(0),
+            next_id: AtomicU64::new(0),
         }
     }
 }
@@ -90,9 +91,7 @@ where
     }
 
     fn id(&self) -> u64 {
-        let mut next = self.next_id.lock().unwrap_or_else(PoisonError::into_inner);
-        *next += 1;
-        *next
+        self.next_id.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// The read `id` of `key`: waits for `before`, moves itself from queued to sent, reads, and
