@@ -25,7 +25,7 @@ use support::fixtures::*;
 use support::recorder::{Recorder, Seen};
 use support::sieve::Sieve;
 use support::{
-    Cluster, Reclaim, client_from, from_json, wait_for_gone, wait_for_pod_phase,
+    Cluster, Reclaim, client_from, from_json, pod_phase, wait_for_gone, wait_for_pod_phase,
     wait_for_pvc_phase, wait_for_some,
 };
 
@@ -373,6 +373,68 @@ async fn orphan_deletion_of_a_set_without_pods_keeps_its_claims() {
     assert_eq!(now, kept, "the claims are the ones the set made");
     let note = env.event_notes("web", "DeletionUnproven").await.join(" | ");
     eprintln!("[stale] orphan deletion without pods: claims kept {kept:?}; Warning: {note}");
+}
+
+/// Found by `make chaos` (seed 20261128): sets `my-db` (template `data`) and `db` (template
+/// `data-my`) both name their ordinal 0's claim `data-my-db-0`. A claim delete asked whether
+/// another set still wants the ordinal of the StatefulSet cache alone, so a set the cache did not
+/// show yet lost its claim. Here the StatefulSet watch lags 30 s while `my-db`'s cleanup of ordinal
+/// 0 runs; `db` is created meanwhile with 1 replica (its pod refused by a quota, so no pod mounts
+/// the claim and only the set's spec says it is wanted). The live read before the delete now lists
+/// the namespace's sets: the claim is kept, with `ClaimOwnershipConflict`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_set_the_cache_does_not_show_yet_keeps_the_claim_it_wants() {
+    let (sieve, env) = env_behind_sieve("rival-set-live", 2, |_| {}).await;
+    let no_requests = json!({"hard": {"pods": "0"}, "scopes": ["NotBestEffort"]});
+    env.ns.create_quota("no-requesting-pods", no_requests).await;
+    let mut spec = SetSpec::new("my-db", 1, &env.class);
+    spec.template = Some(template_running_for("10s"));
+    env.create_running(&spec).await;
+    env.wait_finalizer("my-db", true).await;
+    let kept = env.claim_uid("data-my-db-0").await;
+    let claims = env.record_claims().await;
+
+    env.scale("my-db", 0).await;
+    let cleanup = env.wait_cleanup_pod("my-db-0").await;
+    support::wait_for_some("cleanup pod my-db-0 released", LONG, || async {
+        env.pods()
+            .get_opt("my-db-0")
+            .await
+            .ok()
+            .flatten()
+            .filter(|p| p.uid() == cleanup.uid() && !is_gated(p))
+    })
+    .await;
+    sieve.delay_watch("statefulsets", Duration::from_secs(30));
+    let mut rival = SetSpec::new("db", 1, &env.class);
+    rival.claim_templates = &["data-my"];
+    rival.template = None;
+    rival.extra_spec = json!({"template": {
+        "metadata": {"labels": {"app": "db"}},
+        "spec": {"containers": [{"name": "main", "image": "busybox",
+                                 "resources": {"requests": {"cpu": "10m"}},
+                                 "volumeMounts": [{"name": "data-my", "mountPath": "/data"}]}]}
+    }});
+    env.create(&rival).await;
+
+    let uid = cleanup.uid().unwrap_or_default();
+    let pods = env.record_pods().await;
+    pods.wait_for("cleanup pod my-db-0 Succeeded", LONG, |s| {
+        s.uid == uid && pod_phase(&s.object) == Some("Succeeded")
+    })
+    .await;
+    env.wait_event("my-db", "ClaimOwnershipConflict").await;
+    let deleted = claims
+        .wait_until(Duration::from_secs(5), |s| {
+            s.name == "data-my-db-0" && s.deleting
+        })
+        .await;
+    assert!(
+        deleted.is_none(),
+        "the claim db wants was deleted: {deleted:?}"
+    );
+    assert_eq!(env.claim_uid("data-my-db-0").await, kept);
+    sieve.clear_rules();
 }
 
 // === scale-down with a lagging claim watch ===

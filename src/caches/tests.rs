@@ -217,6 +217,7 @@ fn cache_and_live_reads_give_the_same_cleanup_pod() {
                     .into(),
                     cleanups_in_flight: 0,
                     rejections: Default::default(),
+                    disputed: Default::default(),
                     read: SetRead::LiveSet,
                     now: "2026-11-20T12:00:00Z".parse().expect("time"),
                 };

@@ -59,6 +59,7 @@ pub async fn statuses(
                     cleanup_pods: &listed.cleanup_pods,
                     cleanups_in_flight: 0,
                     rejections: BTreeMap::new(),
+                    disputed: Default::default(),
                     read: SetRead::LiveAll,
                     now,
                 },

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
@@ -10,6 +11,7 @@ use kube::{Client, ResourceExt};
 use crate::coalesce::Coalesce;
 use crate::error::{Error, Result};
 use crate::naming;
+use crate::scaledown::watch::carries_labels;
 
 /// Live lists of namespaces, each shared by the passes that asked for it before it was sent
 /// (`crate::coalesce`): the claim deletes of many cleanups that end together in one namespace wait
@@ -49,10 +51,49 @@ pub struct Listed {
     pub pods: Vec<Arc<Pod>>,
     /// Whole, as the cleanup-pod cache keeps them.
     pub cleanup_pods: Vec<Arc<Pod>>,
+    /// The StatefulSets of the namespace, pruned as the cache prunes them: whether another set
+    /// still wants a claim's ordinal is a fact a claim delete depends on, so it is read live too.
+    pub sets: Vec<Arc<StatefulSet>>,
 }
 
-/// Lists the claims (metadata) and pods of `ns`: what a live observation of a set needs besides
-/// the set itself. Used before the finalizer is released, and by `kubectl scaledown status`.
+impl Listed {
+    /// The other sets `set`'s claims could belong to: those whose claim templates give one of
+    /// its claims' names, and those whose selector labels one of them carries (what the cache's
+    /// slice holds, from this read).
+    pub fn rival_sets(&self, set: &StatefulSet) -> Vec<Arc<StatefulSet>> {
+        let name = set.name_any();
+        let selector = |s: &StatefulSet| {
+            s.spec
+                .as_ref()
+                .and_then(|s| s.selector.match_labels.clone())
+        };
+        let own: Vec<_> = self
+            .claims
+            .iter()
+            .filter(|c| crate::caches::makes_claim(set, &c.name_any()))
+            .collect();
+        // As in the cache's slice: sets by label only when a claim lacks this set's labels.
+        let own_labels = selector(set);
+        let foreign_labels = own
+            .iter()
+            .any(|c| !carries_labels(c.labels(), own_labels.as_ref()));
+        self.sets
+            .iter()
+            .filter(|other| other.name_any() != name)
+            .filter(|other| {
+                let labels = selector(other);
+                own.iter().any(|c| {
+                    crate::caches::makes_claim(other, &c.name_any())
+                        || (foreign_labels && carries_labels(c.labels(), labels.as_ref()))
+                })
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+/// Lists the claims (metadata), pods and StatefulSets of `ns`: what a live observation of a set
+/// needs besides the set itself. Used before the finalizer is released, and by `kubectl scaledown status`.
 pub async fn list_namespace(client: &Client, ns: &str) -> Result<Listed> {
     let all = ListParams::default();
     let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
@@ -73,10 +114,18 @@ pub async fn list_namespace(client: &Client, ns: &str) -> Result<Listed> {
         .cloned()
         .collect();
     pods.iter_mut().for_each(crate::caches::prune_pod);
+    let sets_api: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let mut sets = sets_api
+        .list(&all)
+        .await
+        .map_err(Error::kube("list statefulsets", ns))?
+        .items;
+    sets.iter_mut().for_each(crate::caches::prune_set);
     Ok(Listed {
         claims: arcs(claims),
         pods: arcs(pods),
         cleanup_pods: arcs(cleanup),
+        sets: arcs(sets),
     })
 }
 

@@ -41,6 +41,29 @@ pub struct SetMemory {
     pub refusals: BTreeMap<u32, Rejection>,
     /// Ordinals whose new cleanup pod could not be recorded on the set (every try lost a race).
     pub contended: BTreeSet<u32>,
+    /// Ordinals a live read of the namespace found with a claim not proven this set's (see
+    /// [`Recalled::disputed`]).
+    pub disputed: BTreeSet<u32>,
+}
+
+impl SetMemory {
+    fn is_empty(&self) -> bool {
+        self.refusals.is_empty() && self.contended.is_empty() && self.disputed.is_empty()
+    }
+}
+
+/// What this process remembers of one StatefulSet when a pass starts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recalled {
+    /// Refused creations per ordinal.
+    pub refusals: BTreeMap<u32, Rejection>,
+    /// Ordinals whose record lost every race.
+    pub contended: BTreeSet<u32>,
+    /// Ordinals whose claim the last live read of the namespace found not proven this set's
+    /// (another set, which the caches may not show yet, makes or selects it): a cleanup pod is
+    /// created for them only on a live read, so a lagging cache cannot create, cancel and create
+    /// one again and again.
+    pub disputed: BTreeSet<u32>,
 }
 
 /// Everything remembered between passes (see the module's documentation).
@@ -74,9 +97,8 @@ pub fn template_hash(set: &StatefulSet) -> u64 {
 }
 
 impl Memories {
-    /// The refusals and contended records remembered for `set`, forgotten when its template
-    /// annotation changed.
-    pub fn refusals(&mut self, set: &StatefulSet) -> (BTreeMap<u32, Rejection>, BTreeSet<u32>) {
+    /// What is remembered of `set`, forgotten when what its cleanup pods are made from changed.
+    pub fn recall(&mut self, set: &StatefulSet) -> Recalled {
         let key = ObjectRef::from(set);
         let Some(entry) = self.sets.get(&key) else {
             return Default::default();
@@ -85,7 +107,11 @@ impl Memories {
             self.sets.remove(&key);
             return Default::default();
         }
-        (entry.refusals.clone(), entry.contended.clone())
+        Recalled {
+            refusals: entry.refusals.clone(),
+            contended: entry.contended.clone(),
+            disputed: entry.disputed.clone(),
+        }
     }
 
     /// Remembers (or, after a record went through, forgets) ordinals whose record lost every race:
@@ -103,7 +129,7 @@ impl Memories {
             for n in ordinals {
                 entry.contended.remove(&n);
             }
-            if entry.refusals.is_empty() && entry.contended.is_empty() {
+            if entry.is_empty() {
                 self.sets.remove(&key);
             }
         }
@@ -259,7 +285,15 @@ impl Memories {
         for created in &done.created {
             entry.refusals.remove(&created.ordinal);
         }
-        if entry.refusals.is_empty() && entry.contended.is_empty() {
+        if observed.read == observe::SetRead::LiveAll {
+            entry.disputed = observed
+                .ordinals
+                .iter()
+                .filter(|(_, f)| f.claims.iter().any(|c| c.not_ours.is_some()))
+                .map(|(n, _)| *n)
+                .collect();
+        }
+        if entry.is_empty() {
             self.sets.remove(&ObjectRef::from(set));
         }
         // Sets deleted meanwhile (a namespace deleted with them) take their memory along.

@@ -4,7 +4,7 @@
 //! the API server before a dangerous step), so `decide` never sees a Kubernetes client and tests can
 //! write facts down directly. No IO here.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +35,8 @@ pub struct Sources<'a> {
     pub cleanups_in_flight: usize,
     /// Refused creations per ordinal (this process's memory).
     pub rejections: BTreeMap<u32, Rejection>,
+    /// Ordinals a live read of the namespace found disputed (this process's memory).
+    pub disputed: BTreeSet<u32>,
     /// Where the set's facts come from.
     pub read: SetRead,
     /// The time the pass decides at.
@@ -112,6 +114,7 @@ pub fn observe(set: &StatefulSet, sources: &Sources<'_>) -> Observed {
         ordinals,
         cleanups_in_flight: sources.cleanups_in_flight,
         rejections: sources.rejections.clone(),
+        disputed: sources.disputed.clone(),
         read: sources.read,
         now: sources.now,
     }

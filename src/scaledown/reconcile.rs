@@ -23,8 +23,8 @@ use crate::scaledown::act::{Actor, Created, Done};
 use crate::scaledown::decide::{self, Confirm, Plan, Policy, Verdict, decide, status};
 use crate::scaledown::expect::{self, Expectations, GoneKind};
 pub use crate::scaledown::live::{Listed, NamespaceLists, list_namespace};
-use crate::scaledown::memory::Memories;
-use crate::scaledown::observe::{self, Observed, Rejection, SetFacts, SetRead, Sources};
+use crate::scaledown::memory::{Memories, Recalled};
+use crate::scaledown::observe::{self, Observed, SetFacts, SetRead, Sources};
 use crate::scaledown::room;
 use crate::scaledown::watch::{Slice, Stores};
 
@@ -107,15 +107,15 @@ impl Context {
             // A standby only keeps its caches warm; it looks at every set when it becomes leader.
             return Ok(Action::await_change());
         }
-        let (refusals, contended) = self.memories().refusals(set);
-        let cached = self.observe_cached(set, &refusals);
+        let recalled = self.memories().recall(set);
+        let cached = self.observe_cached(set, &recalled);
         let plan = decide(&cached, &self.policy);
-        let (observed, mut plan) = match self.confirm(set, cached, plan, &refusals).await? {
+        let (observed, mut plan) = match self.confirm(set, cached, plan, &recalled).await? {
             Confirmed::Plan(confirmed) => *confirmed,
             Confirmed::Gone => return Ok(Action::await_change()),
             Confirmed::Disagree => return Ok(Action::requeue(DISAGREE_RECHECK)),
         };
-        plan.status = status::change(&observed, &plan, &contended);
+        plan.status = status::change(&observed, &plan, &recalled.contended);
         log_decided(&observed, &plan);
         let cap = self.policy.max_in_flight;
         let (plan, reserved) =
@@ -184,13 +184,13 @@ impl Context {
         set: &StatefulSet,
         cached: Observed,
         mut plan: Plan,
-        refusals: &BTreeMap<u32, Rejection>,
+        recalled: &Recalled,
     ) -> Result<Confirmed> {
         let cached_propagation = decide::propagation(&cached);
         let mut observed = cached;
         for _ in 0..2 {
             let Some(depth) = plan.confirm else { break };
-            let Some(live) = self.observe_live(set, depth, refusals).await? else {
+            let Some(live) = self.observe_live(set, depth, recalled).await? else {
                 return Ok(Confirmed::Gone);
             };
             plan = decide(&live, &self.policy);
@@ -246,7 +246,8 @@ impl Context {
             self.memories()
                 .forget_created(&observed.set.namespace, &verdicts);
             let records = decide::next_records(on, observed, &runs);
-            let release = decide::may_release(on);
+            // Released here only on a read of the namespace: another set may want the claims.
+            let release = decide::may_release(on) && observed.read == SetRead::LiveAll;
             match self
                 .actor
                 .settle(on, &records, &verdicts, release, status)
@@ -374,7 +375,7 @@ impl Context {
         expectations.marked(ns, &done.marked, now);
     }
 
-    fn observe_cached(&self, set: &StatefulSet, refusals: &BTreeMap<u32, Rejection>) -> Observed {
+    fn observe_cached(&self, set: &StatefulSet, recalled: &Recalled) -> Observed {
         let slice = self.slice(set);
         observe::observe(
             set,
@@ -384,7 +385,8 @@ impl Context {
                 pods: &slice.pods,
                 cleanups_in_flight: self.cleanups_in_flight(),
                 cleanup_pods: &slice.cleanup_pods,
-                rejections: refusals.clone(),
+                rejections: recalled.refusals.clone(),
+                disputed: recalled.disputed.clone(),
                 read: SetRead::Cached,
                 now: Timestamp::now(),
             },
@@ -413,15 +415,16 @@ impl Context {
         &self,
         set: &StatefulSet,
         depth: Confirm,
-        refusals: &BTreeMap<u32, Rejection>,
+        recalled: &Recalled,
     ) -> Result<Option<Observed>> {
         let Some(live) = self.get_set(&observe::set_facts(set)).await? else {
             return Ok(None);
         };
         let slice = self.slice(&live);
         let in_flight = self.cleanups_in_flight();
-        let (claims, pods, cleanup_pods, read) = match depth {
+        let (sets, claims, pods, cleanup_pods, read) = match depth {
             Confirm::Set => (
+                slice.sets,
                 slice.claims,
                 slice.pods,
                 slice.cleanup_pods,
@@ -431,6 +434,7 @@ impl Context {
                 let ns = live.namespace().unwrap_or_default();
                 let listed = self.lists.list(&ns).await?;
                 (
+                    listed.rival_sets(&live),
                     listed.claims.clone(),
                     listed.pods.clone(),
                     listed.cleanup_pods.clone(),
@@ -441,12 +445,13 @@ impl Context {
         Ok(Some(observe::observe(
             &live,
             &Sources {
-                sets: &slice.sets,
+                sets: &sets,
                 claims: &claims,
                 pods: &pods,
                 cleanup_pods: &cleanup_pods,
                 cleanups_in_flight: in_flight,
-                rejections: refusals.clone(),
+                rejections: recalled.refusals.clone(),
+                disputed: recalled.disputed.clone(),
                 read,
                 now: Timestamp::now(),
             },

@@ -163,7 +163,7 @@ impl Stores {
 }
 
 /// Whether `labels` carry every one of a set's non-empty `matchLabels`.
-fn carries_labels(
+pub fn carries_labels(
     labels: &BTreeMap<String, String>,
     match_labels: Option<&BTreeMap<String, String>>,
 ) -> bool {

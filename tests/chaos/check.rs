@@ -63,7 +63,13 @@ impl Layout<'_> {
     }
 
     fn name_owner(&self, ns: &str, claim: &str, only: Option<&str>) -> Option<(usize, u32)> {
-        self.sets.iter().enumerate().find_map(|(i, s)| {
+        self.name_owners(ns, claim, only).into_iter().next()
+    }
+
+    /// Every set of `ns` (or only the one named `only`) whose names fit `claim`, with the ordinal.
+    fn name_owners(&self, ns: &str, claim: &str, only: Option<&str>) -> Vec<(usize, u32)> {
+        let sets = self.sets.iter().enumerate();
+        sets.filter_map(|(i, s)| {
             if self.namespaces.get(s.ns).map(String::as_str) != Some(ns)
                 || only.is_some_and(|app| app != s.name)
             {
@@ -77,6 +83,7 @@ impl Layout<'_> {
                 Some((i, ordinal))
             })
         })
+        .collect()
     }
 }
 
@@ -284,8 +291,65 @@ pub fn check_claims(
             ordinal,
         };
         violations.extend(check_deletion(&history, &deletion, layout, round));
+        // Every other set whose names fit the claim must not have wanted it either.
+        for rival in layout.name_owners(&obs.ns, &obs.name, None) {
+            if rival.0 != set {
+                violations.extend(check_rival(&history, &deletion, rival, layout, round));
+            }
+        }
     }
     (violations, stats)
+}
+
+/// (1) for another set `rival` whose names fit the deleted claim: it wanted the claim's ordinal at
+/// every revision the deletion may have happened at, and from the Succeeded of every genuine
+/// cleanup pod listing the claim up to the deletion there was no revision at which it did not
+/// exist or did not want the ordinal (the controller's read before the delete saw it wanting it).
+fn check_rival(
+    h: &History,
+    d: &Deletion,
+    (rival, ordinal): (usize, u32),
+    layout: &Layout,
+    round: &str,
+) -> Option<Violation> {
+    let (def, other) = (&layout.sets[d.set], &layout.sets[rival]);
+    let ns = d.obs.ns.as_str();
+    let states = h.sets.get(&(ns, other.name))?;
+    let (lo, hi) = (d.obs.after, d.obs.rv);
+    let at_deletion = states_in(states, lo, hi);
+    if at_deletion.is_empty() || !at_deletion.iter().all(|s| s.wants(ordinal)) {
+        return None;
+    }
+    let pod_name = format!("{}-{}", def.name, d.ordinal);
+    let pods: &[PodLife] = h
+        .pods
+        .get(&(ns, pod_name.as_str()))
+        .map_or(&[], Vec::as_slice);
+    let absent_or_orphaned_after = |done: u64| {
+        states.first().is_some_and(|s| s.after > done)
+            || states_in(states, done, hi)
+                .iter()
+                .any(|s| !s.wants(ordinal))
+    };
+    let raced = pods
+        .iter()
+        .filter(|p| !p.forged && p.looks_cleanup && p.claims.contains(d.obs.uid.as_str()))
+        .filter_map(|p| p.succeeded.or(p.vanished_unseen.then_some(p.last_rv)))
+        .any(|done| done < hi && absent_or_orphaned_after(done));
+    (!raced).then(|| Violation {
+        invariant: 1,
+        round: round.to_string(),
+        at: d.obs.at,
+        text: format!(
+            "claim {ns}/{} (uid {}) deleted at rv {hi} [record #{}] while StatefulSet {}, whose claim of ordinal {ordinal} has that name, wanted it ({}); {}",
+            d.obs.name,
+            short(&d.obs.uid),
+            d.index,
+            other.name,
+            describe(&at_deletion),
+            pods_before(pods, hi, &pod_name),
+        ),
+    })
 }
 
 /// Why a claim is not any taking-part set's to delete, if it is not.
@@ -546,7 +610,11 @@ fn self_test_sets() -> Vec<SetDef> {
         max: 4,
         initial: 3,
     };
-    vec![def("web", true), def("kept", false)]
+    let mut rivals = [def("my-db", true), def("db", true)];
+    rivals[1].claim_templates = &["data-my"];
+    let mut all = vec![def("web", true), def("kept", false)];
+    all.extend(rivals);
+    all
 }
 
 /// Check (6) on a synthetic recording: stateful pod `web-0` of set `set-uid`, cleanup pod `web-2`.
@@ -795,9 +863,43 @@ fn self_test_cases() -> Vec<Case> {
     ]
 }
 
+/// `my-db` (template `data`) cleans ordinal 0, whose claim `data-my-db-0` is also the name of
+/// ordinal 0's claim of `db` (template `data-my`); `db` is created at revision `db_at`.
+fn rival_case(db_at: u64) -> Vec<Obs> {
+    let named = |kind, name: &str, uid: &str, rv: u64| synthetic(kind, name, uid, rv - 1, rv);
+    let mut my_db = named(Kind::Set, "my-db", "my-db-uid", 10);
+    my_db.replicas = Some(0);
+    let mut db = named(Kind::Set, "db", "db-uid", db_at);
+    db.replicas = Some(1);
+    let mut cleanup = named(Kind::Pod, "my-db-0", "g", 25);
+    cleanup.phase = Some("Succeeded".into());
+    cleanup.cleanup_label = true;
+    cleanup.owner = Some("my-db".into());
+    cleanup.claims = [("data-my-db-0".to_string(), "claim-r".to_string())].into();
+    let mut claim = named(Kind::Claim, "data-my-db-0", "claim-r", 5);
+    claim.app = Some("my-db".into());
+    let mut gone = named(Kind::Claim, "data-my-db-0", "claim-r", 30);
+    gone.deleting = true;
+    let mut records = vec![my_db, claim, cleanup, db, gone];
+    records.sort_by_key(|o| o.rv);
+    records
+}
+
 /// Claims whose names fit but that are not a taking-part set's (7), and one that is.
 fn ownership_cases() -> Vec<Case> {
     vec![
+        (
+            "claim cleaned for one set while another set wanted it by name",
+            rival_case(12),
+            vec![],
+            vec![1],
+        ),
+        (
+            "the other set created after the cleanup pod Succeeded, before the delete",
+            rival_case(28),
+            vec![],
+            vec![],
+        ),
         (
             "foreign-owned claim named like an orphaned ordinal",
             labelled_claim_deleted("data-web-7", None, Some("cm-uid")),

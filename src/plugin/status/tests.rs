@@ -89,6 +89,7 @@ fn status_of(set: StatefulSet, pods: Vec<Arc<Pod>>, claim_count: u32) -> SetStat
             cleanup_pods: &cleanup,
             cleanups_in_flight: 0,
             rejections: BTreeMap::new(),
+            disputed: Default::default(),
             read: SetRead::LiveAll,
             now: "2026-11-24T12:00:00Z".parse().expect("timestamp"),
         },

@@ -54,6 +54,7 @@ pub(super) fn web(replicas: u32) -> Observed {
         ordinals: BTreeMap::new(),
         cleanups_in_flight: 0,
         rejections: BTreeMap::new(),
+        disputed: Default::default(),
         read: SetRead::LiveAll,
         now: t0(),
     }
@@ -975,6 +976,8 @@ fn a_cleanup_pod_that_has_not_started_goes_when_its_claims_are_gone() {
     deleting.deleting = true;
     let mut replaced = claim("data", 2);
     replaced.uid = "uid-data-2-new".into();
+    let mut rivals = claim("data", 2);
+    rivals.not_ours = Some("it is also a claim of StatefulSet data-web".into());
     for (what, gated, scheduled, claim) in [
         ("gated, claim gone", true, false, None),
         (
@@ -1005,11 +1008,38 @@ fn a_cleanup_pod_that_has_not_started_goes_when_its_claims_are_gone() {
     }
     // Scheduled: it may have started its init containers; its claim going is not ours to judge.
     assert!(!plan(&with_pod(false, true, Some(deleting))).contains(&cancelled[1].to_string()));
+    // Its claim another set's (on a live read): never released, the conflict is reported.
+    assert_eq!(
+        plan(&with_pod(true, false, Some(rivals))),
+        [
+            "warn ClaimOwnershipConflict",
+            "event CleanupCancelled",
+            "delete-cleanup web-2 NeverRan"
+        ]
+    );
     // Its claim there: released as before.
     assert_eq!(
         plan(&with_pod(true, false, Some(claim("data", 2)))),
         ["release web-2"]
     );
+}
+
+/// Issue 23: an ordinal whose claim a live read of the namespace found another set's gets its
+/// cleanup pod only on such a read: from the caches (which may not show that set yet) the plan asks
+/// for one instead of creating a pod that would be cancelled, created again, and so on.
+#[test]
+fn a_disputed_ordinal_is_created_for_only_on_a_live_read() {
+    let mut o = with_claims(web(2), 0..3, 0..2);
+    o.disputed.insert(2);
+    assert_eq!(plan(&o), ["create web-2#1"], "live, and now ours");
+    o.read = SetRead::Cached;
+    let asked = decide(&o, &Policy::default());
+    assert_eq!(
+        (summary(&asked), asked.confirm),
+        (vec![], Some(Confirm::SetAndNamespace))
+    );
+    o.disputed.clear();
+    assert_eq!(plan(&o), ["create web-2#1"], "cached, undisputed");
 }
 
 #[test]
@@ -1039,7 +1069,8 @@ fn recorded_pods_wait_for_the_statefulset_controller_before_they_run() {
     }
     assert_eq!(plan(&gated(2, 3)), ["release web-2"]);
     assert_eq!(plan(&gated(1, 4)), ["release web-2"]);
-    // From the cache: waiting costs no request; caught up, one live read of the set.
+    // From the cache: waiting costs no request; caught up, a live read of the set and of its
+    // namespace (another set the cache does not show yet may want the claims).
     let cached = |mut o: Observed| {
         o.read = SetRead::Cached;
         decide(&o, &Policy::default())
@@ -1047,7 +1078,10 @@ fn recorded_pods_wait_for_the_statefulset_controller_before_they_run() {
     let waiting = cached(gated(3, 3));
     assert_eq!((waiting.steps.len(), waiting.confirm), (0, None));
     let ready = cached(gated(2, 3));
-    assert_eq!((ready.steps.len(), ready.confirm), (0, Some(Confirm::Set)));
+    assert_eq!(
+        (ready.steps.len(), ready.confirm),
+        (0, Some(Confirm::SetAndNamespace))
+    );
     let mut deleting = gated(3, 2);
     deleting.set.deleting = true;
     assert!(

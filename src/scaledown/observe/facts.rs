@@ -1,7 +1,7 @@
 //! The facts themselves: plain data about one StatefulSet, its ordinals, claims and pods, as
 //! `observe` builds them and `decide` reads them (tests write them down directly).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
@@ -19,6 +19,9 @@ pub struct Observed {
     pub cleanups_in_flight: usize,
     /// Creations of a cleanup pod the API server refused, per ordinal (this process's memory).
     pub rejections: BTreeMap<u32, Rejection>,
+    /// Ordinals whose claim the last live read of the namespace found not proven this set's
+    /// (this process's memory): their cleanup pods are created only on a live read.
+    pub disputed: BTreeSet<u32>,
     /// Where the set's facts come from: dangerous steps are only planned from a live read.
     pub read: SetRead,
     /// The time the pass decides at.

@@ -5,9 +5,9 @@ use serde_json::Value;
 
 use crate::naming;
 use crate::reason::Reason;
-use crate::scaledown::decide::plan::{Plan, Step};
+use crate::scaledown::decide::plan::{Confirm, Plan, Step};
 use crate::scaledown::decide::view::View;
-use crate::scaledown::observe::OrdinalFacts;
+use crate::scaledown::observe::{OrdinalFacts, SetRead};
 use crate::template::{self, Target};
 
 pub fn create_cleanup_pods(
@@ -33,7 +33,7 @@ pub fn create_cleanup_pods(
         .map_or(usize::MAX, |cap| cap.saturating_sub(o.cleanups_in_flight));
     let eligible: Vec<u32> = chosen
         .into_iter()
-        .filter(|n| !refused_too_recently(view, *n, plan))
+        .filter(|n| !refused_too_recently(view, *n, plan) && !disputed(view, *n, plan))
         .collect();
     if eligible.len() > room {
         // Held back by `--max-concurrent-cleanups`: woken when a cleanup pod frees room, as no
@@ -45,6 +45,18 @@ pub fn create_cleanup_pods(
             create_one(view, template, ordinal, facts, plan);
         }
     }
+}
+
+/// Whether a live read of the namespace found a claim of this ordinal another set's, and this
+/// view is not such a read: the caches may lag (a new set the StatefulSet cache does not show
+/// yet), so the plan asks for one, on which the ordinal is judged again.
+fn disputed(view: &View<'_>, ordinal: u32, plan: &mut Plan) -> bool {
+    let o = view.o;
+    if o.read == SetRead::LiveAll || !o.disputed.contains(&ordinal) {
+        return false;
+    }
+    plan.confirm(Confirm::SetAndNamespace);
+    true
 }
 
 /// Whether an earlier refusal by the API server holds this ordinal back (backoff, or given up).

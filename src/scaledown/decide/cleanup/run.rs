@@ -31,7 +31,9 @@ impl CleanupStep<'_> {
             Verdict::Run if self.view.hold == Some(Hold::Paused) => {}
             Verdict::Run if !may_release(&self.view.o.set) => {}
             Verdict::Run => {
-                plan.confirm(Confirm::Set);
+                // Released on a live list of the namespace too: its claims must still be the
+                // set's (no other set, which the cache may not show yet, wants them).
+                plan.confirm(Confirm::SetAndNamespace);
                 plan.steps.push(Step::Release {
                     name: self.pod.name.clone(),
                     uid: self.pod.uid.clone(),
@@ -52,8 +54,9 @@ impl CleanupStep<'_> {
         }
     }
 
-    /// The recorded claims of the pod that are gone, replaced (same name, another UID) or being
-    /// deleted: a pod that mounts them can never be scheduled, or would mount a new claim.
+    /// The recorded claims of the pod that are gone, replaced (same name, another UID), being
+    /// deleted, or no longer proven the set's: a pod that mounts them can never be scheduled,
+    /// would mount a new claim, or would clean another set's data.
     pub(super) fn missing_claims(&self) -> Vec<&str> {
         self.cleanup
             .claims
@@ -63,7 +66,7 @@ impl CleanupStep<'_> {
                     .facts
                     .claims
                     .iter()
-                    .any(|c| c.name == **name && c.uid == **uid && c.live())
+                    .any(|c| c.name == **name && c.uid == **uid && c.live() && c.not_ours.is_none())
             })
             .map(|(name, _)| name.as_str())
             .collect()
@@ -80,7 +83,7 @@ impl CleanupStep<'_> {
             Reason::CleanupCancelled,
             self.pod.uid.clone(),
             format!(
-                "cleanup pod {} never ran and is deleted: its claims [{}] are gone or being deleted",
+                "cleanup pod {} never ran and is deleted: its claims [{}] are gone, being deleted or not proven this StatefulSet's",
                 self.pod.name,
                 self.missing_claims().join(", ")
             ),
