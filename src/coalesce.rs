@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::Hash;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::FutureExt;
@@ -27,10 +27,13 @@ pub type Answer<T, E> = Result<Arc<T>, Arc<E>>;
 
 type Read<T, E> = Shared<BoxFuture<'static, Answer<T, E>>>;
 
+/// One read: its id, the shared future, and how many callers it serves (final once it is sent).
+type Entry<T, E> = (u64, Read<T, E>, Arc<AtomicUsize>);
+
 /// The reads of one key: the one on its way, and the one waiting to be sent after it.
 struct Slot<T, E> {
-    sent: Option<(u64, Read<T, E>)>,
-    queued: Option<(u64, Read<T, E>)>,
+    sent: Option<Entry<T, E>>,
+    queued: Option<Entry<T, E>>,
 }
 
 type Slots<K, T, E> = Arc<Mutex<HashMap<K, Slot<T, E>>>>;
@@ -68,6 +71,20 @@ where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
+        self.get_counted(key, move |_| read())
+    }
+
+    /// [`Coalesce::get`], with `read` told how many callers the read serves: nobody joins a read
+    /// once it is sent, so the count is final when `read` is called.
+    pub fn get_counted<F, Fut>(
+        &self,
+        key: K,
+        read: F,
+    ) -> impl Future<Output = Answer<T, E>> + use<K, T, E, F, Fut>
+    where
+        F: FnOnce(usize) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+    {
         let id = self.id();
         let mut slots = lock(&self.slots);
         let slot = slots.entry(key.clone()).or_insert(Slot {
@@ -75,15 +92,21 @@ where
             queued: None,
         });
         match (&slot.queued, &slot.sent) {
-            (Some((_, queued)), _) => queued.clone(),
+            (Some((_, queued, callers)), _) => {
+                callers.fetch_add(1, Ordering::Relaxed);
+                queued.clone()
+            }
             (None, before) => {
-                let before = before.as_ref().map(|(_, r)| r.clone());
+                let before = before.as_ref().map(|(_, r, _)| r.clone());
                 let first = before.is_none();
+                let callers = Arc::new(AtomicUsize::new(1));
+                let counted = Arc::clone(&callers);
+                let read = move || read(counted.load(Ordering::Relaxed));
                 let fut = Self::read(Arc::clone(&self.slots), key, id, before, read);
                 if first {
-                    slot.sent = Some((id, fut.clone()));
+                    slot.sent = Some((id, fut.clone(), callers));
                 } else {
-                    slot.queued = Some((id, fut.clone()));
+                    slot.queued = Some((id, fut.clone(), callers));
                 }
                 fut
             }
@@ -112,7 +135,7 @@ where
                 let _ = before.await;
                 let mut all = lock(&slots);
                 if let Some(slot) = all.get_mut(&key)
-                    && slot.queued.as_ref().is_some_and(|(q, _)| *q == id)
+                    && slot.queued.as_ref().is_some_and(|(q, _, _)| *q == id)
                 {
                     slot.sent = slot.queued.take();
                 }
@@ -120,7 +143,7 @@ where
             let answer = read().await.map(Arc::new).map_err(Arc::new);
             let mut all = lock(&slots);
             if let Some(slot) = all.get_mut(&key) {
-                if slot.sent.as_ref().is_some_and(|(s, _)| *s == id) {
+                if slot.sent.as_ref().is_some_and(|(s, _, _)| *s == id) {
                     slot.sent = None;
                 }
                 if slot.sent.is_none() && slot.queued.is_none() {

@@ -42,6 +42,22 @@ pub struct EventLabels {
     pub reason: &'static str,
 }
 
+/// The kind of a namespace's live list: `claims`, `pods`, `statefulsets`, or `all` (the whole
+/// read of the namespace, from the send of its first list to the answer of its last).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListLabels {
+    /// What was listed.
+    pub kind: &'static str,
+}
+
+/// The kinds of [`ListLabels`].
+pub const LIST_KINDS: [&str; 4] = ["claims", "pods", "statefulsets", "all"];
+
+/// Buckets of the waits before a pass or for a shared read: 1 ms doubling to 65 s.
+fn wait_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
 /// The outcome of a scrub: `succeeded` or `failed`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
@@ -86,6 +102,10 @@ pub struct Metrics {
     release_window: Histogram,
     leader: Gauge,
     events: Family<EventLabels, Counter>,
+    namespace_list_duration: Family<ListLabels, Histogram, fn() -> Histogram>,
+    namespace_list_callers: Histogram,
+    namespace_list_wait: Histogram,
+    pass_start_wait: Histogram,
 }
 
 impl Default for Metrics {
@@ -107,6 +127,10 @@ impl Default for Metrics {
             release_window: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             leader: Gauge::default(),
             events: Family::default(),
+            namespace_list_duration: Family::new_with_constructor(wait_buckets),
+            namespace_list_callers: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+            namespace_list_wait: wait_buckets(),
+            pass_start_wait: wait_buckets(),
             registry: Registry::default(),
         };
         m.register(&mut registry);
@@ -125,6 +149,12 @@ impl Default for Metrics {
                 };
                 m.reconcile_errors.get_or_create(&labels).inc_by(0);
             }
+        }
+        for kind in LIST_KINDS {
+            drop(
+                m.namespace_list_duration
+                    .get_or_create(&ListLabels { kind }),
+            );
         }
         for outcome in ["succeeded", "failed"] {
             m.pv_scrubs
@@ -186,6 +216,31 @@ impl Metrics {
             "cleanup_duration_seconds",
             "Time from a cleanup pod's creation to the completion of its cleanup",
             self.cleanup_duration.clone(),
+        );
+        self.register_latency(registry);
+    }
+
+    /// Where a pass of the scale-down controller waits: for a slot, and for a live namespace list.
+    fn register_latency(&self, registry: &mut Registry) {
+        registry.register(
+            "pass_start_wait_seconds",
+            "Scale-down controller: from the first watch event that woke a StatefulSet (or the end of its pass running then) to the start of its next pass: the wait for one of --concurrency slots",
+            self.pass_start_wait.clone(),
+        );
+        registry.register(
+            "namespace_list_wait_seconds",
+            "Scale-down controller: from a pass asking for a live list of its namespace to the answer (the list on its way, if any, then the one the pass shares)",
+            self.namespace_list_wait.clone(),
+        );
+        registry.register(
+            "namespace_list_duration_seconds",
+            "One live list of a namespace shared by passes, by kind (claims, pods, statefulsets; all: the whole read)",
+            self.namespace_list_duration.clone(),
+        );
+        registry.register(
+            "namespace_list_callers",
+            "Passes served by one live list of a namespace",
+            self.namespace_list_callers.clone(),
         );
     }
 
@@ -259,6 +314,24 @@ impl Metrics {
     /// A cleanup pod failed.
     pub fn cleanup_failed(&self) {
         self.cleanups_failed.inc();
+    }
+    /// A woken pass waited `seconds` before it started.
+    pub fn pass_start_waited(&self, seconds: f64) {
+        self.pass_start_wait.observe(seconds);
+    }
+    /// A pass waited `seconds` for a live list of its namespace.
+    pub fn namespace_list_waited(&self, seconds: f64) {
+        self.namespace_list_wait.observe(seconds);
+    }
+    /// One list of `kind` (see [`ListLabels`]) of a namespace took `seconds`.
+    pub fn namespace_listed(&self, kind: &'static str, seconds: f64) {
+        self.namespace_list_duration
+            .get_or_create(&ListLabels { kind })
+            .observe(seconds);
+    }
+    /// One live read of a namespace served `callers` passes.
+    pub fn namespace_list_shared(&self, callers: usize) {
+        self.namespace_list_callers.observe(callers as f64);
     }
     /// An ordinal's cleanup was given up (every attempt failed).
     pub fn cleanup_given_up(&self) {

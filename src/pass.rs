@@ -69,6 +69,28 @@ struct Failing {
     retry_at: Instant,
 }
 
+/// When an object was first woken by a watch event since its last pass started, and whether a
+/// pass over it runs now.
+#[derive(Clone, Copy, Debug, Default)]
+struct Wake {
+    due: Option<Instant>,
+    running: bool,
+}
+
+/// The objects woken and not yet started, and those running; pruned of woken objects no pass
+/// ever started (they went away) once the map doubles.
+struct Wakes<K: Resource> {
+    objects: HashMap<ObjectRef<K>, Wake>,
+    prune_at: usize,
+}
+
+/// Entries kept before the first prune of [`Wakes`].
+const WAKES_PRUNE_AT: usize = 1024;
+
+/// A woken object whose pass has not started after this long went away (kube's Controller never
+/// runs a pass over an object no longer in the store): its entry is dropped at the next prune.
+const WAKE_STALE: Duration = Duration::from_secs(600);
+
 /// The pass runner of one controller over objects of type `K`.
 pub struct Runner<K: Resource> {
     controller: Controller,
@@ -80,6 +102,8 @@ pub struct Runner<K: Resource> {
     /// Objects whose last pass failed; an entry goes with the next good pass, or once its wait is
     /// long over (the object may be gone), so the map holds failing objects only.
     failing: Mutex<HashMap<ObjectRef<K>, Failing>>,
+    /// Objects woken by watch events (`woke`): how long a pass waited for a slot.
+    wakes: Mutex<Wakes<K>>,
 }
 
 impl<K> Runner<K>
@@ -100,7 +124,79 @@ where
             reporter,
             running: Passes::default(),
             failing: Mutex::new(HashMap::new()),
+            wakes: Mutex::new(Wakes {
+                objects: HashMap::new(),
+                prune_at: WAKES_PRUNE_AT,
+            }),
         }
+    }
+
+    /// The metrics the runner counts into.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// A watch event woke `objects` (the controller's mappers call this with what they return):
+    /// their next pass counts the wait from the first such event, or from the end of the pass
+    /// running now, to its start (`scaledown_pass_start_wait_seconds`).
+    pub fn woke<'a>(&self, objects: impl IntoIterator<Item = &'a ObjectRef<K>>)
+    where
+        K: 'a,
+    {
+        let now = Instant::now();
+        let mut wakes = self.lock_wakes();
+        for key in objects {
+            let wake = wakes.objects.entry(key.clone()).or_default();
+            wake.due.get_or_insert(now);
+        }
+        if wakes.objects.len() >= wakes.prune_at {
+            wakes
+                .objects
+                .retain(|_, w| w.running || w.due.is_some_and(|d| now - d < WAKE_STALE));
+            wakes.prune_at = (wakes.objects.len() * 2).max(WAKES_PRUNE_AT);
+        }
+    }
+
+    /// Objects woken and not started, or running (for tests and the memory bound).
+    pub fn woken(&self) -> usize {
+        self.lock_wakes().objects.len()
+    }
+
+    /// The pass over `key` starts: observes how long it waited since it was due, if a watch
+    /// event woke it.
+    fn started(&self, key: &ObjectRef<K>) {
+        let now = Instant::now();
+        let waited = {
+            let mut wakes = self.lock_wakes();
+            let wake = wakes.objects.entry(key.clone()).or_default();
+            wake.running = true;
+            wake.due
+                .take()
+                .map(|due| now.saturating_duration_since(due))
+        };
+        if let Some(waited) = waited {
+            self.metrics.pass_start_waited(waited.as_secs_f64());
+        }
+    }
+
+    /// The pass over `key` ended: an object woken meanwhile is due from now on (kube's Controller
+    /// holds it until this pass is over); one not woken is forgotten.
+    fn ended(&self, key: &ObjectRef<K>) {
+        let now = Instant::now();
+        let mut wakes = self.lock_wakes();
+        match wakes.objects.get_mut(key) {
+            Some(wake) if wake.due.is_some() => {
+                wake.due = Some(now);
+                wake.running = false;
+            }
+            _ => {
+                wakes.objects.remove(key);
+            }
+        }
+    }
+
+    fn lock_wakes(&self) -> std::sync::MutexGuard<'_, Wakes<K>> {
+        self.wakes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Runs `pass` over `object` unless the object is still backing off from a failed pass (then
@@ -112,6 +208,7 @@ where
         pass: impl Future<Output = Result<Action>>,
     ) -> Result<Action> {
         let key = ObjectRef::from_obj(object);
+        let _started = Started::new(self, &key);
         if let Some(wait) = self.waiting(&key) {
             return Ok(Action::requeue(wait));
         }
@@ -156,10 +253,16 @@ where
         self.controller
     }
 
-    /// Forgets what was remembered of `object` (it was deleted): its backoff, and what its
-    /// reporter published about it.
+    /// Forgets what was remembered of `object` (it was deleted): its backoff, its wake, and what
+    /// its reporter published about it.
     pub fn gone(&self, object: &K) {
-        self.forget(&ObjectRef::from_obj(object));
+        let key = ObjectRef::from_obj(object);
+        self.forget(&key);
+        let mut wakes = self.lock_wakes();
+        if wakes.objects.get(&key).is_some_and(|w| !w.running) {
+            wakes.objects.remove(&key);
+        }
+        drop(wakes);
         if let Some(uid) = object.meta().uid.as_deref() {
             self.reporter.forget(uid);
         }
@@ -302,6 +405,26 @@ impl<'a> Running<'a> {
         };
         passes.count.send_modify(|n| *n += 1);
         Running(passes, id)
+    }
+}
+
+/// A started pass (also one that only finds its object backing off), until it is dropped: what
+/// [`Runner::started`] and [`Runner::ended`] keep of its wakes.
+struct Started<'a, K: Resource<DynamicType = ()> + Clone + 'static>(
+    &'a Runner<K>,
+    &'a ObjectRef<K>,
+);
+
+impl<'a, K: Resource<DynamicType = ()> + Clone + 'static> Started<'a, K> {
+    fn new(runner: &'a Runner<K>, key: &'a ObjectRef<K>) -> Self {
+        runner.started(key);
+        Started(runner, key)
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Drop for Started<'_, K> {
+    fn drop(&mut self) {
+        self.0.ended(self.1);
     }
 }
 

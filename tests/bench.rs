@@ -291,10 +291,11 @@ fn main() -> ExitCode {
         audit::self_test(),
         corpus::self_test(corpus_sets, options.seed),
         scaledown::self_test(),
+        probe::self_test(),
     ];
     match tests.into_iter().collect::<Result<Vec<usize>, String>>() {
         Ok(n) => println!(
-            "bench: self-test: {} checks of the timeline, latency, audit-log, corpus and placement code passed",
+            "bench: self-test: {} checks of the timeline, latency, audit-log, corpus, placement and histogram code passed",
             n.iter().sum::<usize>()
         ),
         Err(e) => {

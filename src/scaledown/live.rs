@@ -2,6 +2,7 @@
 //! needs besides the set itself (`reconcile`), and what `kubectl scaledown status` shows.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
@@ -10,36 +11,47 @@ use kube::{Client, ResourceExt};
 
 use crate::coalesce::Coalesce;
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use crate::naming;
 use crate::scaledown::watch::carries_labels;
 
 /// Live lists of namespaces, each shared by the passes that asked for it before it was sent
 /// (`crate::coalesce`): the claim deletes of many cleanups that end together in one namespace wait
 /// for one list instead of sending one each.
+/// Each list is timed into `metrics`, with the passes it served and how long each waited for it.
 pub struct NamespaceLists {
     client: Client,
+    metrics: Arc<Metrics>,
     reads: Coalesce<String, Listed, Error>,
 }
 
 impl NamespaceLists {
-    /// Lists read through `client`.
-    pub fn new(client: Client) -> Self {
+    /// Lists read through `client`, timed into `metrics`.
+    pub fn new(client: Client, metrics: Arc<Metrics>) -> Self {
         NamespaceLists {
             client,
+            metrics,
             reads: Coalesce::default(),
         }
     }
 
-    /// The claims and pods of `ns`, listed after this call began.
+    /// The claims, pods and StatefulSets of `ns`, listed after this call began.
     pub async fn list(&self, ns: &str) -> Result<Arc<Listed>> {
+        let asked = Instant::now();
         let client = self.client.clone();
+        let metrics = self.metrics.clone();
         let owned = ns.to_string();
-        self.reads
-            .get(ns.to_string(), move || async move {
-                list_namespace(&client, &owned).await
+        let answer = self
+            .reads
+            .get_counted(ns.to_string(), move |callers| async move {
+                metrics.namespace_list_shared(callers);
+                list_namespace_timed(&client, &owned, Some(&metrics)).await
             })
             .await
-            .map_err(Error::Shared)
+            .map_err(Error::Shared);
+        self.metrics
+            .namespace_list_waited(asked.elapsed().as_secs_f64());
+        answer
     }
 }
 
@@ -95,19 +107,37 @@ impl Listed {
 /// Lists the claims (metadata), pods and StatefulSets of `ns`: what a live observation of a set
 /// needs besides the set itself. Used before the finalizer is released, and by `kubectl scaledown status`.
 pub async fn list_namespace(client: &Client, ns: &str) -> Result<Listed> {
+    list_namespace_timed(client, ns, None).await
+}
+
+/// [`list_namespace`], each list and the whole read timed into `metrics` if given.
+async fn list_namespace_timed(
+    client: &Client,
+    ns: &str,
+    metrics: Option<&Metrics>,
+) -> Result<Listed> {
     let all = ListParams::default();
+    let started = Instant::now();
+    let timed = |kind: &'static str, since: Instant| {
+        if let Some(m) = metrics {
+            m.namespace_listed(kind, since.elapsed().as_secs_f64());
+        }
+    };
     let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
     let claims = claims_api
         .list_metadata(&all)
         .await
         .map_err(Error::kube("list claims", ns))?
         .items;
+    timed("claims", started);
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let at = Instant::now();
     let mut pods = pods_api
         .list(&all)
         .await
         .map_err(Error::kube("list pods", ns))?
         .items;
+    timed("pods", at);
     let cleanup: Vec<Pod> = pods
         .iter()
         .filter(|p| p.labels().contains_key(naming::CLEANUP_LABEL))
@@ -115,12 +145,15 @@ pub async fn list_namespace(client: &Client, ns: &str) -> Result<Listed> {
         .collect();
     pods.iter_mut().for_each(crate::caches::prune_pod);
     let sets_api: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let at = Instant::now();
     let mut sets = sets_api
         .list(&all)
         .await
         .map_err(Error::kube("list statefulsets", ns))?
         .items;
+    timed("statefulsets", at);
     sets.iter_mut().for_each(crate::caches::prune_set);
+    timed("all", started);
     Ok(Listed {
         claims: arcs(claims),
         pods: arcs(pods),

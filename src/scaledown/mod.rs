@@ -19,9 +19,10 @@ pub mod watch;
 
 use std::sync::Arc;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use kube::Client;
 use kube::runtime::controller::{self, Controller};
+use kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
 
 use crate::caches::Caches;
@@ -77,21 +78,31 @@ pub fn controller(
     } = watches;
     let cached_sets = stores.sets.clone();
     let sets_of_pods = stores.sets.clone();
-    let waking = ctx.clone();
-    let passes = Controller::for_shared_stream(caches.set_changes(), stores.sets)
+    // Every mapper tells the runner what it woke, which times the wait for a slot.
+    let (woke_set, woke_claim, woke_pod, waking) =
+        (ctx.clone(), ctx.clone(), ctx.clone(), ctx.clone());
+    let set_changes = caches
+        .set_changes()
+        .inspect(move |set| woke_set.runner.woke([&ObjectRef::from_obj(set.as_ref())]));
+    let passes = Controller::for_shared_stream(set_changes, stores.sets)
         .with_config(controller::Config::default().concurrency(concurrency))
         // The watches never yield errors; should one ever reach the Controller, retry soon.
         .trigger_backoff(WatchBackoff::default())
         .watches_shared_stream(caches.claim_changes(true), move |claim| {
-            watch::sets_of_claim(claim.as_ref(), &cached_sets)
+            let sets = watch::sets_of_claim(claim.as_ref(), &cached_sets);
+            woke_claim.runner.woke(&sets);
+            sets
         })
         .watches_shared_stream(caches.pod_changes(), move |pod| {
-            watch::sets_of_pod(pod.as_ref(), &sets_of_pods)
+            let sets = watch::sets_of_pod(pod.as_ref(), &sets_of_pods);
+            woke_pod.runner.woke(&sets);
+            sets
         })
         // A cleanup pod's change may free room under the cap: it also wakes sets waiting for it.
         .watches_stream(cleanup_pods, move |pod| {
             let mut sets: Vec<_> = watch::set_of_pod(&pod).into_iter().collect();
             sets.extend(waking.wake_for_room());
+            waking.runner.woke(&sets);
             sets
         });
     // A new leader looks at every set at once instead of waiting for the resync.

@@ -84,7 +84,7 @@ impl Context {
         runner: Runner<StatefulSet>,
     ) -> Self {
         Context {
-            lists: NamespaceLists::new(client.clone()),
+            lists: NamespaceLists::new(client.clone(), runner.metrics()),
             leadership,
             client,
             stores,

@@ -205,12 +205,188 @@ pub fn reconcile_errors(metrics: &str) -> BTreeMap<String, f64> {
     out
 }
 
-/// The controller's request counters and reconcile errors now (empty if /metrics did not answer).
-pub async fn controller_counters(port: u16) -> (BTreeMap<String, f64>, BTreeMap<String, f64>) {
+/// The controller's request counters, reconcile errors and latency histograms now (empty if
+/// /metrics did not answer).
+pub async fn controller_counters(port: u16) -> Counters {
     match http_get(port, "/metrics").await {
-        Some((200, body)) => (api_requests(&body), reconcile_errors(&body)),
-        _ => (BTreeMap::new(), BTreeMap::new()),
+        Some((200, body)) => (
+            api_requests(&body),
+            reconcile_errors(&body),
+            latency_histograms(&body),
+        ),
+        _ => Default::default(),
     }
+}
+
+/// Request counters, reconcile errors, and histogram samples (see [`controller_counters`]).
+pub type Counters = (
+    BTreeMap<String, f64>,
+    BTreeMap<String, f64>,
+    BTreeMap<String, f64>,
+);
+
+/// The histograms that say where a pass waits: for a slot, for a shared list of its namespace,
+/// how long each list took and how many passes shared one.
+pub const LATENCY_HISTOGRAMS: [&str; 4] = [
+    "scaledown_pass_start_wait_seconds",
+    "scaledown_namespace_list_wait_seconds",
+    "scaledown_namespace_list_duration_seconds",
+    "scaledown_namespace_list_callers",
+];
+
+/// The samples (`_bucket`, `_sum`, `_count`) of [`LATENCY_HISTOGRAMS`].
+pub fn latency_histograms(metrics: &str) -> BTreeMap<String, f64> {
+    samples(metrics)
+        .into_iter()
+        .filter(|(key, _)| LATENCY_HISTOGRAMS.iter().any(|h| key.starts_with(h)))
+        .collect()
+}
+
+/// `after - before` for every key of `after`, zeros kept (a histogram needs each of its buckets).
+pub fn delta_all(
+    after: &BTreeMap<String, f64>,
+    before: &BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .collect()
+}
+
+/// Checks of [`histograms_json`] and [`quantile`] on a made-up exposition.
+pub fn self_test() -> Result<usize, String> {
+    let text = "# TYPE scaledown_pass_start_wait_seconds histogram\n\
+        scaledown_pass_start_wait_seconds_sum 2.6\n\
+        scaledown_pass_start_wait_seconds_count 10\n\
+        scaledown_pass_start_wait_seconds_bucket{le=\"0.001\"} 0\n\
+        scaledown_pass_start_wait_seconds_bucket{le=\"0.002\"} 5\n\
+        scaledown_pass_start_wait_seconds_bucket{le=\"1.0\"} 9\n\
+        scaledown_pass_start_wait_seconds_bucket{le=\"+Inf\"} 10\n\
+        scaledown_namespace_list_callers_count{kind=\"pods\"} 0\n\
+        scaledown_reconciles_total{controller=\"scaledown\"} 3\n";
+    let json = histograms_json(&latency_histograms(text));
+    let wait = &json["scaledown_pass_start_wait_seconds"];
+    let checks: [(bool, &str); 7] = [
+        (wait["count"] == 10.0, "count read"),
+        (wait["mean"] == 260.0, "mean in ms"),
+        (
+            wait["p50"] == 2.0,
+            "p50 at the top of the bucket that reaches half",
+        ),
+        (wait["p90"] == 1000.0, "p90 interpolated up to le=1.0"),
+        (
+            wait["p99"] == 1000.0,
+            "a quantile in +Inf is the last finite bound",
+        ),
+        (
+            json.get("scaledown_reconciles_total").is_none(),
+            "other families left out",
+        ),
+        (
+            json["scaledown_namespace_list_callers{kind=\"pods\"}"]["p50"].is_null(),
+            "no quantile without observations",
+        ),
+    ];
+    for (ok, what) in checks {
+        if !ok {
+            return Err(format!("histograms: {what}: {json}"));
+        }
+    }
+    Ok(checks.len())
+}
+
+/// One histogram from the samples of [`latency_histograms`] (a window: the delta of two), per
+/// series (`family` or `family{label="x"}` without `le`): count, mean, and p50/p90/p99 by linear
+/// interpolation in the bucket that holds them (bounded by the last finite bucket). Waits and
+/// durations in ms, counts as they are.
+pub fn histograms_json(samples: &BTreeMap<String, f64>) -> Value {
+    // series -> (buckets (le, cumulative count), sum, count)
+    type Series = (Vec<(f64, f64)>, f64, f64);
+    let mut series: BTreeMap<String, Series> = BTreeMap::new();
+    for (key, v) in samples {
+        let (name, labels) = key.split_once('{').unwrap_or((key.as_str(), ""));
+        let labels = labels.trim_end_matches('}');
+        let mut le = None;
+        let rest: Vec<&str> = labels
+            .split(',')
+            .filter(|kv| !kv.is_empty())
+            .filter(|kv| match kv.strip_prefix("le=") {
+                Some(v) => {
+                    le = v.trim_matches('"').parse::<f64>().ok();
+                    false
+                }
+                None => true,
+            })
+            .collect();
+        let (family, part) = if let Some(f) = name.strip_suffix("_bucket") {
+            (f, "bucket")
+        } else if let Some(f) = name.strip_suffix("_sum") {
+            (f, "sum")
+        } else if let Some(f) = name.strip_suffix("_count") {
+            (f, "count")
+        } else {
+            continue;
+        };
+        let id = if rest.is_empty() {
+            family.to_string()
+        } else {
+            format!("{family}{{{}}}", rest.join(","))
+        };
+        let entry = series.entry(id).or_default();
+        match (part, le) {
+            ("bucket", Some(le)) => entry.0.push((le, *v)),
+            ("sum", _) => entry.1 = *v,
+            ("count", _) => entry.2 = *v,
+            _ => {}
+        }
+    }
+    let mut out = serde_json::Map::new();
+    for (id, (mut buckets, sum, count)) in series {
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let scale = if id.contains("_seconds") { 1000.0 } else { 1.0 };
+        let q = |q: f64| quantile(&buckets, count, q).map(|x| round3(x * scale));
+        out.insert(
+            id,
+            json!({
+                "count": count,
+                "mean": (count > 0.0).then(|| round3(sum / count * scale)),
+                "p50": q(0.5),
+                "p90": q(0.9),
+                "p99": q(0.99),
+                "unit": if scale > 1.0 { "ms" } else { "count" },
+            }),
+        );
+    }
+    Value::Object(out)
+}
+
+/// The `q` quantile of cumulative `buckets` holding `count` observations, interpolated linearly
+/// within its bucket; the last finite bound if it falls in `+Inf`; None without observations.
+pub fn quantile(buckets: &[(f64, f64)], count: f64, q: f64) -> Option<f64> {
+    if count <= 0.0 {
+        return None;
+    }
+    let rank = q * count;
+    let (mut lower, mut below) = (0.0, 0.0);
+    for &(le, cumulative) in buckets {
+        if cumulative >= rank {
+            if le.is_infinite() {
+                return Some(lower);
+            }
+            let inside = cumulative - below;
+            let frac = if inside > 0.0 {
+                (rank - below) / inside
+            } else {
+                1.0
+            };
+            return Some(lower + (le - lower) * frac);
+        }
+        if le.is_finite() {
+            lower = le;
+        }
+        below = cumulative;
+    }
+    Some(lower)
 }
 
 /// What a request count looks like in the JSON: by key, by verb, and the non-watch total.

@@ -30,6 +30,8 @@ pub struct Snapshot {
     pub requests: BTreeMap<String, f64>,
     /// `scaledown_reconcile_errors_total` by category.
     pub errors: BTreeMap<String, f64>,
+    /// The samples of `probe::LATENCY_HISTOGRAMS`.
+    pub histograms: BTreeMap<String, f64>,
     pub cpu_s: f64,
     pub rss_mib: f64,
 }
@@ -77,11 +79,12 @@ impl UnderTest {
     }
 
     pub async fn snapshot(&self) -> Snapshot {
-        let (requests, errors) = probe::controller_counters(self.metrics_port).await;
+        let (requests, errors, histograms) = probe::controller_counters(self.metrics_port).await;
         Snapshot {
             at_s: self.started.elapsed().as_secs_f64(),
             requests,
             errors,
+            histograms,
             cpu_s: probe::cpu_seconds(self.pid).unwrap_or(f64::NAN),
             rss_mib: probe::rss_mib(self.pid).unwrap_or(f64::NAN),
         }
@@ -116,6 +119,7 @@ impl UnderTest {
             "requests_in_window": window,
             "reconcile_errors_since_start": after.errors,
             "reconcile_errors_in_window": probe::delta(&after.errors, &before.errors),
+            "latency_histograms_in_window": probe::histograms_json(&probe::delta_all(&after.histograms, &before.histograms)),
             "rss_series": series,
         })
     }
