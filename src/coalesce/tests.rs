@@ -116,3 +116,28 @@ async fn a_read_whose_callers_all_left_is_finished_by_the_next_caller() {
     assert_eq!(*reads.get("ns", open(&count)).await.expect("answered"), 2);
     assert_eq!(reads.keys(), 0);
 }
+
+#[tokio::test]
+async fn a_read_is_told_how_many_callers_share_it() {
+    let reads = Reads::default();
+    let count = Arc::new(AtomicUsize::new(0));
+    let (release_first, gate) = oneshot::channel();
+    let first = tokio::spawn(reads.get("ns", gated(&count, gate)));
+    while count.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    // Seven callers ask while the first read is on its way: the next read serves all seven.
+    let later: Vec<_> = (0..7)
+        .map(|_| {
+            tokio::spawn(reads.get_counted("ns", |callers| async move { Ok::<_, String>(callers) }))
+        })
+        .collect();
+    release_first.send(()).expect("the first read waits");
+    first.await.expect("joined").expect("answered");
+    for caller in later {
+        assert_eq!(*caller.await.expect("joined").expect("answered"), 7);
+    }
+    // Alone, a caller's read serves one.
+    let alone = reads.get_counted("ns", |callers| async move { Ok::<_, String>(callers) });
+    assert_eq!(*alone.await.expect("answered"), 1);
+}

@@ -95,6 +95,85 @@ async fn a_failing_object_waits_out_its_backoff_whatever_wakes_it() {
     );
 }
 
+/// The `scaledown_pass_start_wait_seconds` count and sum now.
+fn start_waits(metrics: &Metrics) -> (String, String) {
+    let name = "scaledown_pass_start_wait_seconds";
+    let count = sample(metrics, &format!("{name}_count")).expect("count");
+    let sum = sample(metrics, &format!("{name}_sum")).expect("sum");
+    (count, sum)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_woken_pass_counts_its_wait_from_the_first_wake_or_the_end_of_the_pass_running() {
+    let (runner, metrics, _) = runner();
+    let a = pv("a");
+    let key = ObjectRef::from_obj(&a);
+    // Not woken by a watch event (a requeue): nothing is observed.
+    runner
+        .run(&a, async { Ok(Action::await_change()) })
+        .await
+        .expect("ok");
+    assert_eq!(
+        start_waits(&metrics).0,
+        "scaledown_pass_start_wait_seconds_count 0"
+    );
+    assert_eq!(
+        runner.woken(),
+        0,
+        "a pass nobody woke is forgotten once it ended"
+    );
+    // Woken twice; the pass starts 3 s after the first wake.
+    runner.woke([&key]);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    runner.woke([&key]);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // Woken again while its pass runs: due only once that pass ends (4 s later).
+    let during = async {
+        runner.woke([&key]);
+        tokio::time::advance(Duration::from_secs(4)).await;
+        Ok(Action::await_change())
+    };
+    runner.run(&a, during).await.expect("ok");
+    assert_eq!(
+        start_waits(&metrics),
+        (
+            "scaledown_pass_start_wait_seconds_count 1".to_string(),
+            "scaledown_pass_start_wait_seconds_sum 3.0".to_string()
+        )
+    );
+    assert_eq!(runner.woken(), 1, "woken during its pass: due now");
+    tokio::time::advance(Duration::from_millis(500)).await;
+    runner
+        .run(&a, async { Ok(Action::await_change()) })
+        .await
+        .expect("ok");
+    assert_eq!(
+        start_waits(&metrics),
+        (
+            "scaledown_pass_start_wait_seconds_count 2".to_string(),
+            "scaledown_pass_start_wait_seconds_sum 3.5".to_string()
+        )
+    );
+    assert_eq!(runner.woken(), 0);
+    // An object woken and deleted before its pass is forgotten.
+    runner.woke([&key]);
+    runner.gone(&a);
+    assert_eq!(runner.woken(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn wakes_of_objects_no_pass_ever_started_are_pruned() {
+    let (runner, _, _) = runner();
+    let keys: Vec<_> = (0..WAKES_PRUNE_AT - 1)
+        .map(|i| ObjectRef::from_obj(&pv(&format!("p{i}"))))
+        .collect();
+    runner.woke(&keys);
+    tokio::time::advance(WAKE_STALE + Duration::from_secs(1)).await;
+    // The map reaches its bound: the stale wakes go, the new one stays.
+    runner.woke([&ObjectRef::from_obj(&pv("new"))]);
+    assert_eq!(runner.woken(), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_good_pass_forgets_the_failures() {
     let (runner, _, _) = runner();
