@@ -484,6 +484,45 @@ def time_lines(run):
     return out
 
 
+# The controller's own waits (tests/bench/probe.rs LATENCY_HISTOGRAMS), as the result names them.
+WAIT_HISTOGRAMS = [
+    ("waited for a pass slot", "scaledown_pass_start_wait_seconds", "passes"),
+    ("waited for its namespace list", "scaledown_namespace_list_wait_seconds", "asks"),
+    ("one namespace list took", 'scaledown_namespace_list_duration_seconds{kind="all"}', "lists"),
+]
+LIST_KINDS = ("claims", "pods", "statefulsets")
+
+
+def wait_lines(run):
+    """Where a pass of the controller waited during the scale-down, from its histograms (the
+    results since issue 25 carry them; quantiles interpolated within Prometheus buckets)."""
+    p = phase(run, "controller")
+    h = ((p or {}).get("controller") or {}).get("latency_histograms_in_window")
+    if not h:
+        return []
+
+    def q(series):
+        return f"p50 {ms_unit(series['p50'])}, p99 {ms_unit(series['p99'])}"
+
+    parts = []
+    for label, key, what in WAIT_HISTOGRAMS:
+        series = h.get(key)
+        if series and series["count"]:
+            parts.append(f"{label} {q(series)} ({int(series['count'])} {what})")
+    kinds = [(k, h.get(f'scaledown_namespace_list_duration_seconds{{kind="{k}"}}')) for k in LIST_KINDS]
+    kinds = [f"{k} {q(v)}" for k, v in kinds if v and v["count"]]
+    if kinds:
+        parts.append("by kind: " + ", ".join(kinds))
+    callers = h.get("scaledown_namespace_list_callers")
+    if callers and callers["count"]:
+        parts.append(f"passes served per list: mean {num(callers['mean'], 1)}, p50 {num(callers['p50'], 0)}, "
+                     f"p99 {num(callers['p99'], 0)}")
+    if not parts:
+        return []
+    return ["- The controller's waits during the scale-down (its histograms, quantiles within buckets): "
+            + "; ".join(parts) + "."]
+
+
 def sets5000_targets(runs):
     """The rows of issue 25's `sets5000` targets, from its newest full-size run only."""
     r = latest_full(runs, "sets5000")
@@ -901,7 +940,7 @@ def markdown(runs):
         cleanup = cleanup_table(r, before)
         if cleanup:
             out += cleanup + [""]
-        out += controller_lines(r) + cluster_lines(r) + control_plane_lines(r) + time_lines(r) + [""]
+        out += controller_lines(r) + cluster_lines(r) + control_plane_lines(r) + time_lines(r) + wait_lines(r) + [""]
         out += [f"![latency CDFs of {s}](bench/plots/latency-{s}.png)", ""]
     out += ["## Memory over time", "", "![controller RSS over time](bench/plots/memory.png)", ""]
     if os.path.exists(NOTES):
