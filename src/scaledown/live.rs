@@ -2,7 +2,7 @@
 //! needs besides the set itself (`reconcile`), and what `kubectl scaledown status` shows.
 
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
@@ -111,6 +111,13 @@ pub async fn list_namespace(client: &Client, ns: &str) -> Result<Listed> {
 }
 
 /// [`list_namespace`], each list and the whole read timed into `metrics` if given.
+///
+/// The claims are listed first, alone; the pods and the StatefulSets then at once. Every claim is
+/// judged against the pods that mount it and the other sets that could own it, so both lists must
+/// be at least as new as the claim list: a pod mounting a listed claim, or a set wanting it, that
+/// existed when the claims were read is always seen. Pods and sets are never judged against each
+/// other in one read (a pod's role comes from the set read live before this), so their order does
+/// not matter, and sending them together takes the longer of the two instead of their sum.
 async fn list_namespace_timed(
     client: &Client,
     ns: &str,
@@ -131,27 +138,27 @@ async fn list_namespace_timed(
         .items;
     timed("claims", started);
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let at = Instant::now();
-    let mut pods = pods_api
-        .list(&all)
-        .await
-        .map_err(Error::kube("list pods", ns))?
-        .items;
-    timed("pods", at);
+    let sets_api: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let pods = async {
+        let at = Instant::now();
+        let listed = pods_api.list(&all).await;
+        timed("pods", at);
+        listed.map_err(Error::kube("list pods", ns))
+    };
+    let sets = async {
+        let at = Instant::now();
+        let listed = sets_api.list(&all).await;
+        timed("statefulsets", at);
+        listed.map_err(Error::kube("list statefulsets", ns))
+    };
+    let (pods, sets) = futures::future::try_join(pods, sets).await?;
+    let (mut pods, mut sets) = (pods.items, sets.items);
     let cleanup: Vec<Pod> = pods
         .iter()
         .filter(|p| p.labels().contains_key(naming::CLEANUP_LABEL))
         .cloned()
         .collect();
     pods.iter_mut().for_each(crate::caches::prune_pod);
-    let sets_api: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
-    let at = Instant::now();
-    let mut sets = sets_api
-        .list(&all)
-        .await
-        .map_err(Error::kube("list statefulsets", ns))?
-        .items;
-    timed("statefulsets", at);
     sets.iter_mut().for_each(crate::caches::prune_set);
     timed("all", started);
     Ok(Listed {
@@ -165,3 +172,6 @@ async fn list_namespace_timed(
 fn arcs<T>(items: Vec<T>) -> Vec<Arc<T>> {
     items.into_iter().map(Arc::new).collect()
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,101 @@
+//! The order and overlap of a namespace's lists, on a paused clock over a scripted API server.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::*;
+use crate::mock_api::{self, Answer};
+
+/// Every list answers empty after `LIST_TAKES`.
+const LIST_TAKES: Duration = Duration::from_secs(1);
+
+/// The kind of list a path asks for.
+fn kind(path: &str) -> &'static str {
+    ["persistentvolumeclaims", "pods", "statefulsets"]
+        .into_iter()
+        .find(|k| path.ends_with(k))
+        .unwrap_or("other")
+}
+
+fn empty_list(path: &str) -> Answer {
+    let (api_version, list) = match kind(path) {
+        "persistentvolumeclaims" => ("meta.k8s.io/v1", "PartialObjectMetadataList"),
+        "pods" => ("v1", "PodList"),
+        _ => ("apps/v1", "StatefulSetList"),
+    };
+    let body = json!({"apiVersion": api_version, "kind": list, "metadata": {"resourceVersion": "7"}, "items": []});
+    (200, body)
+}
+
+/// When each kind of list arrived, since the start.
+type Arrivals = Arc<Mutex<Vec<(&'static str, Duration)>>>;
+
+/// A client whose lists each take `LIST_TAKES`, and when each list arrived.
+fn slow_lists() -> (Client, Arrivals) {
+    let start = tokio::time::Instant::now();
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let seen = arrivals.clone();
+    let (client, _) = mock_api::serve_slow(move |sent| {
+        let at = start.elapsed();
+        seen.lock().expect("arrivals").push((kind(&sent.path), at));
+        (empty_list(&sent.path), LIST_TAKES)
+    });
+    (client, arrivals)
+}
+
+#[tokio::test(start_paused = true)]
+async fn claims_are_listed_first_then_pods_and_sets_at_once() {
+    let (client, arrivals) = slow_lists();
+    let started = tokio::time::Instant::now();
+    let listed = list_namespace(&client, "ns").await.expect("listed");
+    assert!(listed.claims.is_empty() && listed.pods.is_empty() && listed.sets.is_empty());
+    let arrivals = arrivals.lock().expect("arrivals").clone();
+    let at = |k: &str| {
+        arrivals
+            .iter()
+            .find(|(kind, _)| *kind == k)
+            .map(|(_, at)| *at)
+            .expect("listed")
+    };
+    assert_eq!(arrivals.len(), 3, "{arrivals:?}");
+    assert_eq!(at("persistentvolumeclaims"), Duration::ZERO);
+    // Sent once the claims were answered, both at once: never before the claim list ended.
+    assert_eq!(at("pods"), LIST_TAKES, "{arrivals:?}");
+    assert_eq!(at("statefulsets"), LIST_TAKES, "{arrivals:?}");
+    assert_eq!(
+        started.elapsed(),
+        2 * LIST_TAKES,
+        "two lists' time, not three"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shared_list_is_timed_by_kind_and_counts_its_callers() {
+    let (client, _) = slow_lists();
+    let metrics = Arc::new(Metrics::default());
+    let lists = NamespaceLists::new(client, metrics.clone());
+    lists.list("ns").await.expect("listed");
+    let text = metrics.encode();
+    let line = |start: &str| {
+        text.lines()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_default()
+            .to_string()
+    };
+    for kind in ["claims", "pods", "statefulsets", "all"] {
+        let count = format!("scaledown_namespace_list_duration_seconds_count{{kind=\"{kind}\"}}");
+        assert_eq!(line(&count), format!("{count} 1"), "{text}");
+    }
+    let all = "scaledown_namespace_list_duration_seconds_sum{kind=\"all\"}";
+    assert_eq!(line(all), format!("{all} 2.0"));
+    assert_eq!(
+        line("scaledown_namespace_list_callers_sum"),
+        "scaledown_namespace_list_callers_sum 1.0"
+    );
+    assert_eq!(
+        line("scaledown_namespace_list_wait_seconds_sum"),
+        "scaledown_namespace_list_wait_seconds_sum 2.0"
+    );
+}
