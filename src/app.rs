@@ -186,9 +186,7 @@ fn with_scaledown(
         wired.leadership,
     );
     let woken = leader::became_leader(wired.leadership.subscribe());
-    let concurrency = wired.args.concurrency;
-    let controller =
-        scaledown::controller(watches, caches, ctx.clone(), concurrency, woken, wired.stop);
+    let controller = scaledown::controller(watches, caches, ctx.clone(), woken, wired.stop);
     built
         .gauges
         .register_collector(Box::new(scaledown::gauges::Gauges(stores.clone())));

@@ -78,8 +78,10 @@ pub struct Args {
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub resync_period: Duration,
 
-    /// StatefulSets reconciled at once. A pass waits on the API server most of its time (a
-    /// create, a record, a release, Events), so many sets scaled at once need many passes in flight.
+    /// StatefulSets reconciled at once (0: no bound). A pass waits on the API server most of its
+    /// time (a create, a record, a release, Events), so many sets scaled at once need many passes
+    /// in flight; one waiting for a live list of its namespace, shared with other passes, gives
+    /// its slot back meanwhile.
     #[arg(long, default_value_t = 32)]
     pub concurrency: u16,
 

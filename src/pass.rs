@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use kube::Resource;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tracing::{debug, warn};
 
 use crate::error::{Category, Error, Result};
@@ -104,6 +104,44 @@ pub struct Runner<K: Resource> {
     failing: Mutex<HashMap<ObjectRef<K>, Failing>>,
     /// Objects woken by watch events (`woke`): how long a pass waited for a slot.
     wakes: Mutex<Wakes<K>>,
+    /// The slots passes run in, if this runner bounds them (`with_slots`) rather than kube's
+    /// Controller: a pass gives its slot back while it waits for a shared read ([`parked`]).
+    slots: Option<Arc<Semaphore>>,
+}
+
+tokio::task_local! {
+    /// The slot of the pass being polled, when its runner has slots.
+    static SLOT: Arc<Slot>;
+}
+
+/// One pass's hold on a slot of its runner.
+struct Slot {
+    semaphore: Arc<Semaphore>,
+    permit: Mutex<Option<OwnedSemaphorePermit>>,
+}
+
+impl Slot {
+    fn permit(&self) -> std::sync::MutexGuard<'_, Option<OwnedSemaphorePermit>> {
+        self.permit.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Awaits `wait` with the running pass's slot handed back meanwhile, and takes a slot again (in
+/// turn behind the passes already waiting for one) before returning. For waits that send nothing
+/// of their own, such as a read shared with other passes (`scaledown::live::NamespaceLists`): the
+/// slots bound the passes doing work, and a pass parked on a shared read does none. Outside a
+/// runner with slots, just awaits `wait`.
+pub async fn parked<F: Future>(wait: F) -> F::Output {
+    let Ok(slot) = SLOT.try_with(Arc::clone) else {
+        return wait.await;
+    };
+    drop(slot.permit().take());
+    let out = wait.await;
+    // The semaphore is never closed.
+    if let Ok(permit) = slot.semaphore.clone().acquire_owned().await {
+        *slot.permit() = Some(permit);
+    }
+    out
 }
 
 impl<K> Runner<K>
@@ -128,7 +166,17 @@ where
                 objects: HashMap::new(),
                 prune_at: WAKES_PRUNE_AT,
             }),
+            slots: None,
         }
+    }
+
+    /// This runner runs at most `slots` passes at once, handing them out in the order they were
+    /// asked for; a pass waiting on a shared read ([`parked`]) gives its slot back meanwhile.
+    /// kube's Controller then starts every due pass at once (`concurrency(0)`) and leaves the
+    /// bound to the runner.
+    pub fn with_slots(mut self, slots: u16) -> Self {
+        self.slots = Some(Arc::new(Semaphore::new(usize::from(slots.max(1)))));
+        self
     }
 
     /// The metrics the runner counts into.
@@ -208,13 +256,26 @@ where
         pass: impl Future<Output = Result<Action>>,
     ) -> Result<Action> {
         let key = ObjectRef::from_obj(object);
+        let slot = match &self.slots {
+            // The semaphore is never closed.
+            Some(semaphore) => semaphore.clone().acquire_owned().await.ok().map(|permit| {
+                Arc::new(Slot {
+                    semaphore: semaphore.clone(),
+                    permit: Mutex::new(Some(permit)),
+                })
+            }),
+            None => None,
+        };
         let _started = Started::new(self, &key);
         if let Some(wait) = self.waiting(&key) {
             return Ok(Action::requeue(wait));
         }
         let _running = Running::new(&self.running);
         let started = Instant::now();
-        let result = pass.await;
+        let result = match slot {
+            Some(slot) => SLOT.scope(slot, pass).await,
+            None => pass.await,
+        };
         let category = result.as_ref().err().map(Error::category);
         self.metrics
             .reconciled(self.controller, started.elapsed().as_secs_f64(), category);

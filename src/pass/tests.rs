@@ -266,3 +266,70 @@ async fn idle_waits_for_the_running_passes() {
     let idle = tokio::time::timeout(Duration::from_secs(5), runner.idle()).await;
     assert!(idle.is_ok(), "not idle after the pass ended");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pass_parked_on_a_shared_read_gives_its_slot_back() {
+    let (runner, _, _) = runner();
+    let runner = Arc::new(runner.with_slots(1));
+    let (open_read, read) = tokio::sync::oneshot::channel::<()>();
+    let (a_parked, parked_now) = tokio::sync::oneshot::channel::<()>();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let a = {
+        let (runner, order) = (runner.clone(), order.clone());
+        tokio::spawn(async move {
+            let pass = async {
+                let _ = a_parked.send(());
+                parked(read).await.expect("the read opens");
+                order.lock().expect("order").push("a after its read");
+                Ok(Action::await_change())
+            };
+            runner.run(&pv("a"), pass).await
+        })
+    };
+    parked_now.await.expect("a parks");
+    // The only slot is free while a waits: b runs to its end meanwhile.
+    let b = async {
+        order.lock().expect("order").push("b");
+        Ok(Action::await_change())
+    };
+    tokio::time::timeout(Duration::from_secs(5), runner.run(&pv("b"), b))
+        .await
+        .expect("b is not held back by the parked pass")
+        .expect("b ran");
+    open_read.send(()).expect("a waits");
+    a.await.expect("joined").expect("a ran");
+    assert_eq!(*order.lock().expect("order"), ["b", "a after its read"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pass_that_does_not_park_keeps_its_slot() {
+    let (runner, _, _) = runner();
+    let runner = Arc::new(runner.with_slots(1));
+    let (open, gate) = tokio::sync::oneshot::channel::<()>();
+    let (a_started, started) = tokio::sync::oneshot::channel::<()>();
+    let a = {
+        let runner = runner.clone();
+        tokio::spawn(async move {
+            let pass = async {
+                let _ = a_started.send(());
+                gate.await.expect("opens");
+                Ok(Action::await_change())
+            };
+            runner.run(&pv("a"), pass).await
+        })
+    };
+    started.await.expect("a runs");
+    let b = tokio::spawn({
+        let runner = runner.clone();
+        async move {
+            runner
+                .run(&pv("b"), async { Ok(Action::await_change()) })
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!b.is_finished(), "b waits for the only slot");
+    open.send(()).expect("a waits");
+    a.await.expect("joined").expect("a ran");
+    b.await.expect("joined").expect("b ran after a");
+}

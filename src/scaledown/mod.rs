@@ -45,6 +45,12 @@ pub fn context(
 ) -> Arc<Context> {
     let (reporter, runner) =
         pass::from_args(crate::naming::Controller::Scaledown, args, client, metrics);
+    // The runner bounds the passes, so that one waiting for a shared list of its namespace does
+    // not hold a slot (see `controller`); 0 leaves them unbounded, as it did kube's Controller.
+    let runner = match args.concurrency {
+        0 => runner,
+        slots => runner.with_slots(slots),
+    };
     let actor = Actor::new(
         client.clone(),
         reporter,
@@ -68,7 +74,6 @@ pub fn controller(
     watches: Watches,
     caches: &Caches,
     ctx: Arc<Context>,
-    concurrency: u16,
     became_leader: impl Stream<Item = ()> + Send + 'static,
     stop: &CancellationToken,
 ) -> impl Future<Output = ()> + Send + 'static {
@@ -85,7 +90,11 @@ pub fn controller(
         .set_changes()
         .inspect(move |set| woke_set.runner.woke([&ObjectRef::from_obj(set.as_ref())]));
     let passes = Controller::for_shared_stream(set_changes, stores.sets)
-        .with_config(controller::Config::default().concurrency(concurrency))
+        // Every due pass starts at once; the runner's slots (`--concurrency`, handed out in
+        // order) bound the passes doing work, and a pass parked on a shared namespace list gives
+        // its slot back: 500 cleanups ending together share a few lists instead of queueing 32 at
+        // a time behind one list each (issue 25).
+        .with_config(controller::Config::default().concurrency(0))
         // The watches never yield errors; should one ever reach the Controller, retry soon.
         .trigger_backoff(WatchBackoff::default())
         .watches_shared_stream(caches.claim_changes(true), move |claim| {

@@ -432,7 +432,8 @@ impl Context {
             ),
             Confirm::SetAndNamespace => {
                 let ns = live.namespace().unwrap_or_default();
-                let listed = self.lists.list(&ns).await?;
+                // The slot is handed back while the pass waits: the list is shared.
+                let listed = crate::pass::parked(self.lists.list(&ns)).await?;
                 (
                     listed.rival_sets(&live),
                     listed.claims.clone(),
