@@ -30,7 +30,7 @@ impl NamespaceLists {
         }
     }
 
-    /// The claims and pods of `ns`, listed after this call began.
+    /// The claims, pods and StatefulSets of `ns`, listed after this call began.
     pub async fn list(&self, ns: &str) -> Result<Arc<Listed>> {
         let client = self.client.clone();
         let owned = ns.to_string();
@@ -43,7 +43,8 @@ impl NamespaceLists {
     }
 }
 
-/// The claims, pods and cleanup pods of a namespace, read from the API server just now.
+/// The claims, pods, cleanup pods and StatefulSets of a namespace, read from the API server just
+/// now.
 pub struct Listed {
     /// The claims of the namespace (metadata).
     pub claims: Vec<Arc<kube::core::PartialObjectMeta<PersistentVolumeClaim>>>,
@@ -131,4 +132,71 @@ pub async fn list_namespace(client: &Client, ns: &str) -> Result<Listed> {
 
 fn arcs<T>(items: Vec<T>) -> Vec<Arc<T>> {
     items.into_iter().map(Arc::new).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn set(name: &str, template: &str, app: &str) -> Arc<StatefulSet> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ns"},
+                "spec": {"selector": {"matchLabels": {"app": app}}, "template": {},
+                         "serviceName": name,
+                         "volumeClaimTemplates": [{"metadata": {"name": template}}]}
+            }))
+            .expect("statefulset"),
+        )
+    }
+
+    fn claim(
+        name: &str,
+        app: Option<&str>,
+    ) -> Arc<kube::core::PartialObjectMeta<PersistentVolumeClaim>> {
+        let labels = app.map(|a| json!({"app": a})).unwrap_or(json!({}));
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": name, "namespace": "ns", "labels": labels}
+            }))
+            .expect("claim"),
+        )
+    }
+
+    fn names(sets: Vec<Arc<StatefulSet>>) -> Vec<String> {
+        sets.iter().map(|s| s.name_any()).collect()
+    }
+
+    /// Issue 23: the live read names the same rivals as the cache's slice: by claim name always,
+    /// by selector labels only when one of the set's claims lacks its own labels.
+    #[test]
+    fn rival_sets_are_those_a_claim_could_belong_to() {
+        let my_db = set("my-db", "data", "my-db");
+        let listed = |claims| Listed {
+            claims,
+            pods: Vec::new(),
+            cleanup_pods: Vec::new(),
+            sets: vec![
+                my_db.clone(),
+                set("db", "data-my", "db"),
+                set("other", "data", "other"),
+                set("web", "data", "web"),
+            ],
+        };
+        let own = listed(vec![claim("data-my-db-0", Some("my-db"))]);
+        assert_eq!(names(own.rival_sets(&my_db)), ["db"], "by name only");
+        let foreign = listed(vec![
+            claim("data-my-db-0", Some("my-db")),
+            claim("data-my-db-1", Some("other")),
+        ]);
+        assert_eq!(names(foreign.rival_sets(&my_db)), ["db", "other"]);
+        let none = listed(vec![claim("data-web-0", Some("web"))]);
+        assert!(
+            none.rival_sets(&my_db).is_empty(),
+            "claims of other sets only"
+        );
+    }
 }
