@@ -439,6 +439,10 @@ start_kcm() {
   # --pvclaimbinder-sync-period=3s (default 15s): a claim that the PV controller handles before its
   # informer has seen a just-created static PV stays Pending until the next periodic sync; a short
   # period keeps tests that create PVs and claims back to back from waiting 15 s.
+  # --node-monitor-grace-period=5m (default 40s): on a loaded machine an API server restart took
+  # 64 s (make chaos, seed 20261129, round 29); the node lifecycle controller then marked every
+  # node not-Ready and every pod NotReady, KWOK never reports those pods Ready again, and
+  # OrderedReady sets stopped scaling down for good. No test needs a node declared lost.
   start_component kube-controller-manager "$bins/kube-controller-manager" \
     --kubeconfig="$state/kube-controller-manager.kubeconfig" \
     --authentication-kubeconfig="$state/kube-controller-manager.kubeconfig" \
@@ -453,6 +457,7 @@ start_kcm() {
     --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
     --cluster-name=scaledown-e2e \
     --pvclaimbinder-sync-period=3s \
+    --node-monitor-grace-period=5m \
     --kube-api-qps=100 --kube-api-burst=200 \
     --profiling=false \
     --v=1

@@ -55,7 +55,8 @@ impl NamespaceLists {
     }
 }
 
-/// The claims, pods and cleanup pods of a namespace, read from the API server just now.
+/// The claims, pods, cleanup pods and StatefulSets of a namespace, read from the API server just
+/// now.
 pub struct Listed {
     /// The claims of the namespace (metadata).
     pub claims: Vec<Arc<kube::core::PartialObjectMeta<PersistentVolumeClaim>>>,

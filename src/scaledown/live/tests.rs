@@ -1,4 +1,5 @@
-//! The order and overlap of a namespace's lists, on a paused clock over a scripted API server.
+//! The rival sets a live read names, and the order and overlap of a namespace's lists (on a
+//! paused clock over a scripted API server).
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -97,5 +98,65 @@ async fn a_shared_list_is_timed_by_kind_and_counts_its_callers() {
     assert_eq!(
         line("scaledown_namespace_list_wait_seconds_sum"),
         "scaledown_namespace_list_wait_seconds_sum 2.0"
+    );
+}
+
+fn set(name: &str, template: &str, app: &str) -> Arc<StatefulSet> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"selector": {"matchLabels": {"app": app}}, "template": {},
+                     "serviceName": name,
+                     "volumeClaimTemplates": [{"metadata": {"name": template}}]}
+        }))
+        .expect("statefulset"),
+    )
+}
+
+fn claim(
+    name: &str,
+    app: Option<&str>,
+) -> Arc<kube::core::PartialObjectMeta<PersistentVolumeClaim>> {
+    let labels = app.map(|a| json!({"app": a})).unwrap_or(json!({}));
+    Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": "ns", "labels": labels}
+        }))
+        .expect("claim"),
+    )
+}
+
+fn names(sets: Vec<Arc<StatefulSet>>) -> Vec<String> {
+    sets.iter().map(|s| s.name_any()).collect()
+}
+
+/// Issue 23: the live read names the same rivals as the cache's slice: by claim name always,
+/// by selector labels only when one of the set's claims lacks its own labels.
+#[test]
+fn rival_sets_are_those_a_claim_could_belong_to() {
+    let my_db = set("my-db", "data", "my-db");
+    let listed = |claims| Listed {
+        claims,
+        pods: Vec::new(),
+        cleanup_pods: Vec::new(),
+        sets: vec![
+            my_db.clone(),
+            set("db", "data-my", "db"),
+            set("other", "data", "other"),
+            set("web", "data", "web"),
+        ],
+    };
+    let own = listed(vec![claim("data-my-db-0", Some("my-db"))]);
+    assert_eq!(names(own.rival_sets(&my_db)), ["db"], "by name only");
+    let foreign = listed(vec![
+        claim("data-my-db-0", Some("my-db")),
+        claim("data-my-db-1", Some("other")),
+    ]);
+    assert_eq!(names(foreign.rival_sets(&my_db)), ["db", "other"]);
+    let none = listed(vec![claim("data-web-0", Some("web"))]);
+    assert!(
+        none.rival_sets(&my_db).is_empty(),
+        "claims of other sets only"
     );
 }
