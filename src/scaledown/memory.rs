@@ -200,7 +200,15 @@ impl Memories {
                         .get(&key)
                         .map(|at| CREATED_GRACE.saturating_sub(at.elapsed()))
                 };
-                let left = self.recreate_wait(&key).or_else(cached_soon)?;
+                // The cache shows the name taken by now, though the plan was decided on a view
+                // without it (its watch event arrived during the pass, and `forget_cached` just
+                // forgot our create): the create would only meet 409. The pod's own watch event
+                // starts the next pass.
+                let shown_now = || cleanup_pods.get(&key.0, &key.1).map(|_| CREATED_GRACE);
+                let left = self
+                    .recreate_wait(&key)
+                    .or_else(cached_soon)
+                    .or_else(shown_now)?;
                 Some((key.1, left))
             })
             .collect();

@@ -505,6 +505,31 @@ async fn a_created_pod_is_not_created_again_before_the_cache_shows_it() {
     assert_eq!(creates, 1, "{:?}", log.lines());
 }
 
+/// Issue 25: a cleanup pod whose watch event arrives while a pass runs (after it observed the
+/// caches, before it admits its creates) is not created again: the create would meet 409.
+#[tokio::test]
+async fn a_create_decided_before_the_cache_showed_the_pod_is_held_back() {
+    let set: StatefulSet = object(web(1, false));
+    let (ctx, _) = context(&set, vec![], server(Some(web(1, false))));
+    let recalled = ctx.memories().recall(&set);
+    let observed = ctx.observe_cached(&set, &recalled);
+    let plan = decide(&observed, &ctx.policy);
+    let creates = |plan: &Plan| {
+        plan.steps
+            .iter()
+            .filter(|s| matches!(s, decide::Step::CreateCleanupPod { .. }))
+            .count()
+    };
+    assert_eq!(creates(&plan), 1, "ordinal 1 is orphaned: {plan:?}");
+    // The pod's watch event arrives now.
+    ctx.stores.cleanup_pods.insert(Arc::new(gated_cleanup()));
+    let (admitted, names) =
+        ctx.memories()
+            .admit(&observed.set, plan, None, &ctx.stores.cleanup_pods);
+    assert_eq!(creates(&admitted), 0, "{admitted:?}");
+    assert!(names.is_empty());
+}
+
 /// A running cleanup pod of another set, which counts against `--max-concurrent-cleanups`.
 fn other_cleanup_running() -> Pod {
     object(
