@@ -395,16 +395,8 @@ async fn a_set_the_cache_does_not_show_yet_keeps_the_claim_it_wants() {
     let claims = env.record_claims().await;
 
     env.scale("my-db", 0).await;
+    // Returned once released (ungated).
     let cleanup = env.wait_cleanup_pod("my-db-0").await;
-    support::wait_for_some("cleanup pod my-db-0 released", LONG, || async {
-        env.pods()
-            .get_opt("my-db-0")
-            .await
-            .ok()
-            .flatten()
-            .filter(|p| p.uid() == cleanup.uid() && !is_gated(p))
-    })
-    .await;
     sieve.delay_watch("statefulsets", Duration::from_secs(30));
     let mut rival = SetSpec::new("db", 1, &env.class);
     rival.claim_templates = &["data-my"];

@@ -13,7 +13,7 @@ use crate::coalesce::Coalesce;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::naming;
-use crate::scaledown::watch::carries_labels;
+use crate::scaledown::watch::{labelled_by, lacks_own_labels};
 
 /// Live lists of namespaces, each shared by the passes that asked for it before it was sent
 /// (`crate::coalesce`): the claim deletes of many cleanups that end together in one namespace wait
@@ -75,30 +75,21 @@ impl Listed {
     /// slice holds, from this read).
     pub fn rival_sets(&self, set: &StatefulSet) -> Vec<Arc<StatefulSet>> {
         let name = set.name_any();
-        let selector = |s: &StatefulSet| {
-            s.spec
-                .as_ref()
-                .and_then(|s| s.selector.match_labels.clone())
-        };
         let own: Vec<_> = self
             .claims
             .iter()
             .filter(|c| crate::caches::makes_claim(set, &c.name_any()))
+            .map(|c| &**c)
             .collect();
         // As in the cache's slice: sets by label only when a claim lacks this set's labels.
-        let own_labels = selector(set);
-        let foreign_labels = own
-            .iter()
-            .any(|c| !carries_labels(c.labels(), own_labels.as_ref()));
+        let by_labels = lacks_own_labels(set, own.iter().copied());
         self.sets
             .iter()
             .filter(|other| other.name_any() != name)
             .filter(|other| {
-                let labels = selector(other);
-                own.iter().any(|c| {
-                    crate::caches::makes_claim(other, &c.name_any())
-                        || (foreign_labels && carries_labels(c.labels(), labels.as_ref()))
-                })
+                own.iter()
+                    .any(|c| crate::caches::makes_claim(other, &c.name_any()))
+                    || (by_labels && labelled_by(other, own.iter().copied()))
             })
             .cloned()
             .collect()

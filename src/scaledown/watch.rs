@@ -120,12 +120,7 @@ impl Stores {
             .map(|p| (p.name_any(), p))
             .collect();
         let mut sets = BTreeMap::new();
-        let own_labels = set
-            .spec
-            .as_ref()
-            .and_then(|s| s.selector.match_labels.as_ref());
-        let mut foreign_labels = false;
-        for (claim_name, claim) in &claims {
+        for claim_name in claims.keys() {
             for user in self.pods.users(&ns, claim_name) {
                 pods.insert(user.name_any(), user);
             }
@@ -134,20 +129,14 @@ impl Stores {
                     sets.insert(other.name_any(), other);
                 }
             }
-            foreign_labels |= !carries_labels(claim.labels(), own_labels);
         }
         // A claim without this set's selector labels is its own only if it carries no other
         // set's: those sets are looked up among the namespace's (rare: made by hand, or foreign).
-        if foreign_labels {
+        if lacks_own_labels(set, claims.values().map(|c| &**c)) {
             for other in self.sets.state() {
-                let labels = other
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.selector.match_labels.as_ref());
-                let labelled = claims.values().any(|c| carries_labels(c.labels(), labels));
                 if other.namespace().as_deref() == Some(ns.as_str())
                     && other.name_any() != name
-                    && labelled
+                    && labelled_by(&other, claims.values().map(|c| &**c))
                 {
                     sets.insert(other.name_any(), other);
                 }
@@ -162,8 +151,29 @@ impl Stores {
     }
 }
 
+/// A set's `selector.matchLabels`.
+fn selector_labels(set: &StatefulSet) -> Option<&BTreeMap<String, String>> {
+    set.spec
+        .as_ref()
+        .and_then(|s| s.selector.match_labels.as_ref())
+}
+
+/// Whether one of `claims` lacks `set`'s selector labels: then the other sets whose labels it
+/// carries could own it too (the rule of [`Stores::slice`] and of `live::Listed::rival_sets`).
+pub fn lacks_own_labels<'a>(
+    set: &StatefulSet,
+    mut claims: impl Iterator<Item = &'a Claim>,
+) -> bool {
+    claims.any(|c| !carries_labels(c.labels(), selector_labels(set)))
+}
+
+/// Whether one of `claims` carries `other`'s selector labels.
+pub fn labelled_by<'a>(other: &StatefulSet, mut claims: impl Iterator<Item = &'a Claim>) -> bool {
+    claims.any(|c| carries_labels(c.labels(), selector_labels(other)))
+}
+
 /// Whether `labels` carry every one of a set's non-empty `matchLabels`.
-pub fn carries_labels(
+fn carries_labels(
     labels: &BTreeMap<String, String>,
     match_labels: Option<&BTreeMap<String, String>>,
 ) -> bool {

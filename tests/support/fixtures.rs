@@ -474,7 +474,6 @@ impl Env {
         wait_for_gone(&self.claims(), name, LONG).await;
     }
 
-    /// The cleanup pod of `pod_name`, once it exists.
     /// Waits for the cleanup pod `pod_name` to be confirmed: recorded and released from the
     /// controller's scheduling gate (a pod still gated has not been confirmed and never ran).
     pub async fn wait_cleanup_pod(&self, pod_name: &str) -> Pod {
