@@ -5,11 +5,12 @@
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An API call failed; `action` says which (e.g. "delete claim").
-    #[error("{action} {name}: {source}")]
+    #[error("{action}{}: {source}", named(.name))]
     Kube {
         /// What was being done (e.g. "delete claim").
         action: &'static str,
-        /// The object it was done to.
+        /// The object it was done to; empty for the object of the pass itself, which the pass
+        /// runner's log line and Event name already ([`Error::kube_own`]).
         name: String,
         /// kube's error.
         #[source]
@@ -97,6 +98,15 @@ pub enum Error {
     /// The error of a read shared between callers (`crate::coalesce`): each of them gets it.
     #[error(transparent)]
     Shared(std::sync::Arc<Error>),
+}
+
+/// ` name`, or nothing for no name.
+fn named(name: &str) -> String {
+    if name.is_empty() {
+        String::new()
+    } else {
+        format!(" {name}")
+    }
 }
 
 /// A result whose error is [`Error`].
@@ -258,6 +268,12 @@ impl Error {
             name,
             source,
         }
+    }
+
+    /// An API call on the object of the pass itself failed: the pass runner's log line
+    /// (`object`) and Event (on that object) name it, so the error does not name it again.
+    pub(crate) fn kube_own(action: &'static str) -> impl FnOnce(kube::Error) -> Error {
+        Error::kube(action, String::new())
     }
 
     /// The category of this error, by its type (and the status code of an API answer).

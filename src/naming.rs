@@ -1,6 +1,8 @@
 //! Names, keys and ordinals: the strings that make us drop-in compatible with the Go original, and
 //! the rules that tie a claim or pod name to a StatefulSet ordinal. Pure functions only.
 
+use std::collections::BTreeMap;
+
 /// StatefulSet annotation holding the cleanup pod template (JSON, or YAML).
 pub const TEMPLATE_ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-pod-template";
 /// StatefulSet annotation: what the cleanup pod inherits from the set's own pod template.
@@ -66,7 +68,17 @@ pub const ENV_REPLICAS: &str = "SCALEDOWN_REPLICAS";
 
 /// Name of the pod (stateful or cleanup) of `set` at `ordinal`.
 pub fn pod_name(set: &str, ordinal: u32) -> String {
-    format!("{set}-{ordinal}")
+    format!("{}{ordinal}", pod_prefix(set))
+}
+
+/// What the name of every pod of `set` starts with.
+pub fn pod_prefix(set: &str) -> String {
+    format!("{set}-")
+}
+
+/// What the name of every claim of claim template `template` of `set` starts with.
+pub fn claim_prefix(template: &str, set: &str) -> String {
+    format!("{template}-{set}-")
 }
 
 /// Name of the scrub pod and of the temporary claim of PV `pv` (the releaser's).
@@ -78,7 +90,7 @@ pub fn scrub_name(pv: &str) -> String {
 
 /// Name of the claim of claim template `template` of `set` at `ordinal`.
 pub fn claim_name(template: &str, set: &str, ordinal: u32) -> String {
-    format!("{template}-{set}-{ordinal}")
+    format!("{}{ordinal}", claim_prefix(template, set))
 }
 
 /// The ordinal of `claim` if it is the claim of `template` in `set`; computed from the set's own
@@ -92,6 +104,46 @@ pub fn claim_ordinal(claim: &str, template: &str, set: &str) -> Option<u32> {
 /// The ordinal of `pod` if it is named like a pod of `set`.
 pub fn pod_ordinal(pod: &str, set: &str) -> Option<u32> {
     parse_ordinal(pod.strip_prefix(set)?.strip_prefix('-')?)
+}
+
+/// Which claim and pod names are those of one StatefulSet's ordinals ([`claim_ordinal`],
+/// [`pod_ordinal`]), worked out once where the set's objects are gathered: what reads them then
+/// looks the names up instead of parsing them with the set's name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ordinals {
+    /// Claim name -> (claim template, ordinal), for every claim template whose name it fits, in
+    /// the set's order of templates.
+    pub claims: BTreeMap<String, Vec<(String, u32)>>,
+    /// Pod name -> ordinal.
+    pub pods: BTreeMap<String, u32>,
+}
+
+impl Ordinals {
+    /// The ordinals `claims` and `pods` have as names of set `set`, whose claim templates are
+    /// `templates`; the names that give none are left out.
+    pub fn of<'a>(
+        set: &str,
+        templates: &[&str],
+        claims: impl IntoIterator<Item = &'a str>,
+        pods: impl IntoIterator<Item = &'a str>,
+    ) -> Self {
+        let mut ordinals = Ordinals::default();
+        for claim in claims {
+            let fits: Vec<(String, u32)> = templates
+                .iter()
+                .filter_map(|t| Some((t.to_string(), claim_ordinal(claim, t, set)?)))
+                .collect();
+            if !fits.is_empty() {
+                ordinals.claims.insert(claim.to_string(), fits);
+            }
+        }
+        for pod in pods {
+            if let Some(ordinal) = pod_ordinal(pod, set) {
+                ordinals.pods.insert(pod.to_string(), ordinal);
+            }
+        }
+        ordinals
+    }
 }
 
 /// A canonical decimal ordinal: digits only, no sign, no leading zero, within the int32 range the

@@ -168,10 +168,17 @@ impl Reporter {
         if !self.dry_run {
             return false;
         }
+        self.would(regarding, what).await;
+        true
+    }
+
+    /// Reports the write `what` (a phrase: "delete claim data-web-2") that a dry run did not
+    /// make, as a `DryRun` outcome on `regarding`: for a writer that knows itself whether it
+    /// writes and hands its dry-run records to the pass's report stage.
+    pub async fn would(&self, regarding: &ObjectReference, what: &str) {
         let note = format!("dry-run: would {what}");
         let outcome = Outcome::new(Reason::DryRun, regarding.clone(), note).key(what.into());
         self.report(outcome).await;
-        true
     }
 
     /// The Event, the metric and the log line of `outcome`, once per object, reason and key.

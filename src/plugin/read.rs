@@ -57,6 +57,7 @@ pub async fn statuses(
                     claims: &listed.claims,
                     pods: &listed.pods,
                     cleanup_pods: &listed.cleanup_pods,
+                    ordinals: &listed.ordinals(set),
                     cleanups_in_flight: 0,
                     rejections: BTreeMap::new(),
                     disputed: Default::default(),

@@ -33,6 +33,8 @@ pub struct Actor {
     reporter: Arc<Reporter>,
     metrics: Arc<Metrics>,
     leadership: Arc<Leadership>,
+    /// `--dry-run`: the writes are described in `Done::would` instead of being made.
+    dry_run: bool,
 }
 
 pub use crate::scaledown::observe::Created;
@@ -47,6 +49,7 @@ impl Actor {
     ) -> Self {
         Actor {
             leadership,
+            dry_run: !reporter.writes(),
             reporter,
             client,
             metrics,
@@ -55,18 +58,17 @@ impl Actor {
 
     /// Carries out `plan` for `set`, stopping at the first failed write. What was done before a
     /// failure (cleanup pods created, creations refused) is in `done` either way, so the pass can
-    /// still settle the pods it created.
+    /// still settle the pods it created. Under `--dry-run` each write is described in
+    /// `done.would` instead, for the pass's report stage ([`Actor::report_dry_run`]).
     pub async fn execute(&self, set: &SetFacts, plan: &Plan, done: &mut Done) -> Result<()> {
         for step in &plan.steps {
             // Checked right before every write: a leader past its renew deadline stops mid-plan.
             if !self.leadership.may_write() {
                 return Err(Error::NotLeader);
             }
-            let skipped = match step {
-                Step::Event(_) => false,
-                _ => self.reporter.skipped(&set_ref(set), &describe(step)).await,
-            };
-            if !skipped {
+            if self.dry_run && !matches!(step, Step::Event(_)) {
+                done.would.push(describe(step));
+            } else {
                 self.carry_out(set, step, plan.status.as_ref(), done)
                     .await?;
             }
@@ -233,19 +235,29 @@ impl Actor {
     /// Writes the status annotations in a patch of their own, guarded by test ops on the set's UID
     /// and on the status it carried when decided: a set whose status someone else changed
     /// meanwhile is left alone (`Ok(false)`; that change wakes another pass). Under `--dry-run`,
-    /// a `DryRun` record instead.
-    pub async fn write_status(&self, set: &SetFacts, change: &Change) -> Result<bool> {
+    /// described in `done.would` instead (and taken as written).
+    pub async fn write_status(
+        &self,
+        set: &SetFacts,
+        change: &Change,
+        done: &mut Done,
+    ) -> Result<bool> {
         if !self.leadership.may_write() {
             return Err(Error::NotLeader);
         }
-        if self
-            .reporter
-            .skipped(&set_ref(set), &describe_status(&change.write))
-            .await
-        {
+        if self.dry_run {
+            done.would.push(describe_status(&change.write));
             return Ok(true);
         }
         patches::status(&self.client, set, &change.write).await
+    }
+
+    /// The dry-run record of a pass: each write it described instead of making (`done.would`),
+    /// a `DryRun` outcome on the set. Sent in the pass's report stage, after a failed step too.
+    pub async fn report_dry_run(&self, set: &SetFacts, done: &Done) {
+        for what in &done.would {
+            self.reporter.would(&set_ref(set), what).await;
+        }
     }
 
     /// Publishes the Event of a status change (pause, resume) once its write went through.
@@ -439,12 +451,6 @@ impl Actor {
             note: format!("the API server refused cleanup pod {pod} ({code}): {message}; {hint}"),
             key: format!("{ordinal} {code} {message}"),
         };
-        self.publish(set, &event, None).await;
-    }
-
-    /// Publishes a Warning on `set` (once per `key` in this process), counted and logged.
-    pub async fn warn(&self, set: &SetFacts, reason: Reason, key: String, note: String) {
-        let event = Event { reason, note, key };
         self.publish(set, &event, None).await;
     }
 

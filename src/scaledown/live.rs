@@ -1,5 +1,5 @@
-//! Live reads of a namespace, straight from the API server: what a confirmed pass over a set
-//! needs besides the set itself (`reconcile`), and what `kubectl scaledown status` shows.
+//! Live reads, straight from the API server: the set a confirmed pass decides on and the rest of
+//! its namespace (`reconcile`), and what `kubectl scaledown status` shows.
 
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -12,8 +12,9 @@ use kube::{Client, ResourceExt};
 use crate::coalesce::Coalesce;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::naming;
-use crate::scaledown::watch::{labelled_by, lacks_own_labels};
+use crate::naming::{self, Ordinals};
+use crate::scaledown::observe::SetFacts;
+use crate::scaledown::watch::{Slice, labelled_by, lacks_own_labels, ordinals};
 
 /// Live lists of namespaces, each shared by the passes that asked for it before it was sent
 /// (`crate::coalesce`): the claim deletes of many cleanups that end together in one namespace wait
@@ -94,6 +95,45 @@ impl Listed {
             .cloned()
             .collect()
     }
+
+    /// The ordinals that the names of the listed claims and pods give as `set`'s.
+    pub fn ordinals(&self, set: &StatefulSet) -> Ordinals {
+        ordinals(set, &self.claims, &self.pods)
+    }
+
+    /// What a pass over `set` looks at, from this read: the whole namespace's claims and pods,
+    /// the sets its claims could belong to ([`Listed::rival_sets`]), and the ordinals.
+    pub fn slice(&self, set: &StatefulSet) -> Slice {
+        Slice {
+            sets: self.rival_sets(set),
+            claims: self.claims.clone(),
+            pods: self.pods.clone(),
+            cleanup_pods: self.cleanup_pods.clone(),
+            ordinals: self.ordinals(set),
+        }
+    }
+}
+
+/// The StatefulSet `set` describes, read just now and pruned as the cache prunes it (with
+/// `--inherit-scheduling`: `inherit_scheduling`), so that a live read gives the facts a cached one
+/// gives; `None` if it is gone or was replaced by a new one (another UID).
+pub async fn read_set(
+    client: &Client,
+    set: &SetFacts,
+    inherit_scheduling: bool,
+) -> Result<Option<StatefulSet>> {
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &set.namespace);
+    // The set of the pass: the pass runner names it when the pass fails.
+    let live = sets
+        .get_opt(&set.name)
+        .await
+        .map_err(Error::kube_own("get statefulset"))?;
+    Ok(live
+        .filter(|l| l.uid().as_deref() == Some(set.uid.as_str()))
+        .map(|mut l| {
+            crate::caches::prune_set_for(&mut l, inherit_scheduling);
+            l
+        }))
 }
 
 /// Lists the claims (metadata), pods and StatefulSets of `ns`: what a live observation of a set

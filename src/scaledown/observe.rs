@@ -31,6 +31,9 @@ pub struct Sources<'a> {
     pub pods: &'a [Arc<Pod>],
     /// Full cleanup pods (label `scaledown-pod`), for their failure details.
     pub cleanup_pods: &'a [Arc<Pod>],
+    /// The ordinals the names of `claims` and `pods` give as the set's, worked out where they
+    /// were gathered (`watch::ordinals`): a name not in it is no claim or pod of an ordinal.
+    pub ordinals: &'a naming::Ordinals,
     /// Cleanup pods in flight across everything watched.
     pub cleanups_in_flight: usize,
     /// Refused creations per ordinal (this process's memory).
@@ -64,7 +67,10 @@ pub fn observe(set: &StatefulSet, sources: &Sources<'_>) -> Observed {
 
     let mut ordinals: BTreeMap<u32, OrdinalFacts> = BTreeMap::new();
     for claim in sources.claims.iter().filter(|c| in_ns(c.meta())) {
-        for (ordinal, facts) in claim_facts(claim, &facts, &others, &users) {
+        let Some(fits) = sources.ordinals.claims.get(claim.name_any().as_str()) else {
+            continue;
+        };
+        for (ordinal, facts) in claim_facts(claim, fits, &facts, &others, &users) {
             ordinals.entry(ordinal).or_default().claims.push(facts);
         }
     }
@@ -82,7 +88,7 @@ pub fn observe(set: &StatefulSet, sources: &Sources<'_>) -> Observed {
         .collect();
     for pod in pods {
         let name = pod.name_any();
-        let Some(ordinal) = naming::pod_ordinal(&name, &facts.name) else {
+        let Some(&ordinal) = sources.ordinals.pods.get(&name) else {
             continue;
         };
         // The cleanup-pod cache and the pod cache lag differently: its whole copy describes this
@@ -162,21 +168,21 @@ fn finished(pod: &Pod) -> bool {
     )
 }
 
-/// The facts of one claim for every claim template of `set` whose name it fits.
+/// The facts of one claim for every claim template of `set` whose name it fits (`fits`: the
+/// template and the ordinal of each).
 fn claim_facts(
     claim: &PartialObjectMeta<PersistentVolumeClaim>,
+    fits: &[(String, u32)],
     set: &SetFacts,
     others: &[SetFacts],
     users: &BTreeMap<&str, Vec<String>>,
 ) -> Vec<(u32, ClaimFacts)> {
     let name = claim.name_any();
     let not_ours = claim_ownership(claim, set, others);
-    set.claim_templates
-        .iter()
-        .filter_map(|template| {
-            let ordinal = naming::claim_ordinal(&name, template, &set.name)?;
-            Some((
-                ordinal,
+    fits.iter()
+        .map(|(template, ordinal)| {
+            (
+                *ordinal,
                 ClaimFacts {
                     template: template.clone(),
                     name: name.clone(),
@@ -189,7 +195,7 @@ fn claim_facts(
                     not_ours: not_ours.clone(),
                     used_by: users.get(name.as_str()).cloned().unwrap_or_default(),
                 },
-            ))
+            )
         })
         .collect()
 }

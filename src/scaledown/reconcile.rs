@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
@@ -22,6 +21,7 @@ use crate::pass::Runner;
 use crate::scaledown::act::{Actor, Created, Done};
 use crate::scaledown::decide::{self, Confirm, Plan, Policy, Verdict, decide, status};
 use crate::scaledown::expect::{self, Expectations, GoneKind};
+use crate::scaledown::live;
 pub use crate::scaledown::live::{Listed, NamespaceLists, list_namespace};
 use crate::scaledown::memory::{Memories, Recalled};
 use crate::scaledown::observe::{self, Observed, SetFacts, SetRead, Sources};
@@ -99,8 +99,8 @@ impl Context {
     }
 
     /// One pass: observe and decide (on a live read where the plan needs one), let the creates
-    /// through the memories, act, remember, settle the new cleanup pods, write the status, and
-    /// say when to look again.
+    /// through the memories, act, report what was done (also when a step failed), and say when
+    /// to look again.
     async fn pass(&self, set: &StatefulSet) -> Result<Action> {
         self.stores.ready().await?;
         if !self.leadership.may_write() {
@@ -122,41 +122,57 @@ impl Context {
             self.memories()
                 .admit(&observed.set, plan, cap, &self.stores.cleanup_pods);
         let mut done = Done::default();
-        let executed = self.actor.execute(&observed.set, &plan, &mut done).await;
-        self.memories()
-            .remember(set, &observed, &done, &reserved, &self.stores.sets);
-        self.expect_unseen(&observed.set.namespace, &done);
-        // Pods created before a failed step are settled all the same.
-        let status = plan.status.as_ref().map(|c| &c.write);
-        let unsent = status.filter(|_| done.status.is_none());
-        let recorded = self.settle(set, &observed, done.created, unsent).await?;
-        executed?;
-        self.write_status(&observed, &plan, done.status, recorded)
-            .await?;
+        let acted = self.act(set, &observed, &plan, &reserved, &mut done).await;
+        // Report: the dry-run record, also of a pass that failed midway, and the status's Event.
+        self.actor.report_dry_run(&observed.set, &done).await;
+        if let (Some(change), Ok(true)) = (&plan.status, &acted) {
+            self.actor.status_event(&observed.set, change).await;
+        }
+        acted?;
         Ok(Action::requeue(self.next_look(set, &plan, done.stale)))
     }
 
+    /// Carries out `plan`, remembers what it did, settles the cleanup pods it created (after a
+    /// failed step too) and writes the status change. `Ok(true)` if the status change was
+    /// written (its Event is due).
+    async fn act(
+        &self,
+        set: &StatefulSet,
+        observed: &Observed,
+        plan: &Plan,
+        reserved: &[String],
+        done: &mut Done,
+    ) -> Result<bool> {
+        let executed = self.actor.execute(&observed.set, plan, done).await;
+        self.memories()
+            .remember(set, observed, done, reserved, &self.stores.sets);
+        self.expect_unseen(&observed.set.namespace, done);
+        // Pods created before a failed step are settled all the same.
+        let status = plan.status.as_ref().map(|c| &c.write);
+        let unsent = status.filter(|_| done.status.is_none());
+        let created = std::mem::take(&mut done.created);
+        let recorded = self.settle(set, observed, created, unsent).await?;
+        executed?;
+        self.write_status(observed, plan, recorded, done).await
+    }
+
     /// Writes the plan's status change unless a patch of the pass carried it (the finalizer's:
-    /// `carried`, or the record's: `recorded`), and publishes its Event once it is written.
+    /// `done.status`, or the record's: `recorded`). Whether it is written.
     async fn write_status(
         &self,
         observed: &Observed,
         plan: &Plan,
-        carried: Option<bool>,
         recorded: bool,
-    ) -> Result<()> {
+        done: &mut Done,
+    ) -> Result<bool> {
         let Some(change) = &plan.status else {
-            return Ok(());
+            return Ok(false);
         };
-        let written = match carried {
-            Some(written) => written,
-            None if recorded => true,
-            None => self.actor.write_status(&observed.set, change).await?,
-        };
-        if written {
-            self.actor.status_event(&observed.set, change).await;
+        match done.status {
+            Some(written) => Ok(written),
+            None if recorded => Ok(true),
+            None => self.actor.write_status(&observed.set, change, done).await,
         }
-        Ok(())
     }
 
     /// When to look at `set` again: the plan's own wait, soon after a guard found the set changed
@@ -237,7 +253,8 @@ impl Context {
                 return Ok(false);
             }
             if attempt > 1 {
-                let live = self.get_set(&observed.set).await?;
+                let inherit = self.policy.inherit_scheduling;
+                let live = live::read_set(&self.client, &observed.set, inherit).await?;
                 facts = live.as_ref().map(observe::set_facts);
             }
             let verdicts = decide::verdicts(facts.as_ref(), &pending);
@@ -377,6 +394,17 @@ impl Context {
 
     fn observe_cached(&self, set: &StatefulSet, recalled: &Recalled) -> Observed {
         let slice = self.slice(set);
+        self.observe_slice(set, &slice, SetRead::Cached, recalled)
+    }
+
+    /// The facts of `set` from `slice` (cached, or live: `read`) and this process's memories.
+    fn observe_slice(
+        &self,
+        set: &StatefulSet,
+        slice: &Slice,
+        read: SetRead,
+        recalled: &Recalled,
+    ) -> Observed {
         observe::observe(
             set,
             &Sources {
@@ -385,28 +413,13 @@ impl Context {
                 pods: &slice.pods,
                 cleanups_in_flight: self.cleanups_in_flight(),
                 cleanup_pods: &slice.cleanup_pods,
+                ordinals: &slice.ordinals,
                 rejections: recalled.refusals.clone(),
                 disputed: recalled.disputed.clone(),
-                read: SetRead::Cached,
+                read,
                 now: Timestamp::now(),
             },
         )
-    }
-
-    /// The set read from the API server; `None` if it is gone or was replaced by a new one.
-    async fn get_set(&self, set: &SetFacts) -> Result<Option<StatefulSet>> {
-        let sets: Api<StatefulSet> = Api::namespaced(self.client.clone(), &set.namespace);
-        let live = sets
-            .get_opt(&set.name)
-            .await
-            .map_err(Error::kube("get statefulset", &set.name))?;
-        // Pruned as the cache is, so that a live read gives the facts a cached one gives.
-        Ok(live
-            .filter(|l| l.uid().as_deref() == Some(set.uid.as_str()))
-            .map(|mut l| {
-                crate::caches::prune_set_for(&mut l, self.policy.inherit_scheduling);
-                l
-            }))
     }
 
     /// The facts with the set read live, and with `SetAndNamespace` the claims and pods of its
@@ -417,46 +430,21 @@ impl Context {
         depth: Confirm,
         recalled: &Recalled,
     ) -> Result<Option<Observed>> {
-        let Some(live) = self.get_set(&observe::set_facts(set)).await? else {
+        let inherit = self.policy.inherit_scheduling;
+        let facts = observe::set_facts(set);
+        let Some(live) = live::read_set(&self.client, &facts, inherit).await? else {
             return Ok(None);
         };
-        let slice = self.slice(&live);
-        let in_flight = self.cleanups_in_flight();
-        let (sets, claims, pods, cleanup_pods, read) = match depth {
-            Confirm::Set => (
-                slice.sets,
-                slice.claims,
-                slice.pods,
-                slice.cleanup_pods,
-                SetRead::LiveSet,
-            ),
+        let (slice, read) = match depth {
+            Confirm::Set => (self.slice(&live), SetRead::LiveSet),
             Confirm::SetAndNamespace => {
                 let ns = live.namespace().unwrap_or_default();
                 // The slot is handed back while the pass waits: the list is shared.
                 let listed = crate::pass::parked(self.lists.list(&ns)).await?;
-                (
-                    listed.rival_sets(&live),
-                    listed.claims.clone(),
-                    listed.pods.clone(),
-                    listed.cleanup_pods.clone(),
-                    SetRead::LiveAll,
-                )
+                (listed.slice(&live), SetRead::LiveAll)
             }
         };
-        Ok(Some(observe::observe(
-            &live,
-            &Sources {
-                sets: &sets,
-                claims: &claims,
-                pods: &pods,
-                cleanup_pods: &cleanup_pods,
-                cleanups_in_flight: in_flight,
-                rejections: recalled.refusals.clone(),
-                disputed: recalled.disputed.clone(),
-                read,
-                now: Timestamp::now(),
-            },
-        )))
+        Ok(Some(self.observe_slice(&live, &slice, read, recalled)))
     }
 }
 

@@ -20,7 +20,7 @@ use kube::{Client, Resource, ResourceExt};
 
 use crate::caches::{self, Caches, Claim, LIST_PAGE_SIZE, PodCache, claim_templates};
 use crate::index::Index;
-use crate::naming;
+use crate::naming::{self, Ordinals};
 
 /// The caches a pass reads, shared by the controller and its readiness and metrics.
 #[derive(Clone)]
@@ -89,6 +89,8 @@ pub struct Slice {
     pub pods: Vec<Arc<Pod>>,
     /// The set's cleanup pods.
     pub cleanup_pods: Vec<Arc<Pod>>,
+    /// The ordinals the names of its claims and pods give (see [`ordinals`]).
+    pub ordinals: Ordinals,
 }
 
 impl Stores {
@@ -101,18 +103,19 @@ impl Stores {
         Ok(())
     }
     /// The objects a pass over `set` looks at: its claims (by name prefix per claim template),
-    /// the pods named after it and the pods that mount its claims, its cleanup pods, and the other
-    /// StatefulSets whose claims could carry the same names. O(what the set has), not O(cluster).
+    /// the pods named after it and the pods that mount its claims, its cleanup pods, the other
+    /// StatefulSets whose claims could carry the same names, and the ordinals the names give.
+    /// O(what the set has), not O(cluster).
     pub fn slice(&self, set: &StatefulSet) -> Slice {
         let (ns, name) = (set.namespace().unwrap_or_default(), set.name_any());
         let mut claims = BTreeMap::new();
         for template in claim_templates(set) {
-            let prefix = format!("{template}-{name}-");
+            let prefix = naming::claim_prefix(template, &name);
             for claim in self.claims.prefixed(&ns, &prefix) {
                 claims.insert(claim.name_any(), claim);
             }
         }
-        let pod_prefix = format!("{name}-");
+        let pod_prefix = naming::pod_prefix(&name);
         let mut pods: BTreeMap<String, Arc<Pod>> = self
             .pods
             .prefixed(&ns, &pod_prefix)
@@ -142,13 +145,29 @@ impl Stores {
                 }
             }
         }
+        let claims: Vec<Arc<Claim>> = claims.into_values().collect();
+        let pods: Vec<Arc<Pod>> = pods.into_values().collect();
         Slice {
             sets: sets.into_values().collect(),
-            claims: claims.into_values().collect(),
-            pods: pods.into_values().collect(),
+            ordinals: ordinals(set, &claims, &pods),
+            claims,
+            pods,
             cleanup_pods: self.cleanup_pods.prefixed(&ns, &pod_prefix),
         }
     }
+}
+
+/// The ordinals that the names of `claims` and `pods` give as names of `set`'s claims and pods
+/// (`naming`'s grammar, applied here where a pass's objects are gathered, from the caches or from a
+/// live list, so that `observe` looks names up instead of parsing them).
+pub fn ordinals(set: &StatefulSet, claims: &[Arc<Claim>], pods: &[Arc<Pod>]) -> Ordinals {
+    let templates: Vec<&str> = claim_templates(set).collect();
+    Ordinals::of(
+        &set.name_any(),
+        &templates,
+        claims.iter().filter_map(|c| c.metadata.name.as_deref()),
+        pods.iter().filter_map(|p| p.metadata.name.as_deref()),
+    )
 }
 
 /// A set's `selector.matchLabels`.

@@ -80,13 +80,15 @@ fn status_of(set: StatefulSet, pods: Vec<Arc<Pod>>, claim_count: u32) -> SetStat
         .filter(|p| p.name_any() == "web-1")
         .cloned()
         .collect();
+    let claims = claims(claim_count);
     let observed = observe(
         &set,
         &Sources {
             sets: std::slice::from_ref(&set),
-            claims: &claims(claim_count),
+            claims: &claims,
             pods: &pods,
             cleanup_pods: &cleanup,
+            ordinals: &crate::scaledown::watch::ordinals(&set, &claims, &pods),
             cleanups_in_flight: 0,
             rejections: BTreeMap::new(),
             disputed: Default::default(),

@@ -47,6 +47,9 @@ pub struct Done {
     pub stale: bool,
     /// The next-attempt marks this plan wrote: the claim cache may not show them yet.
     pub marked: Vec<Mark>,
+    /// Under `--dry-run`, the writes this pass would have made (a line each, as [`describe`]
+    /// says them): the pass reports them as its dry-run record.
+    pub would: Vec<String>,
 }
 
 /// A cleanup pod to create, as its step gives it.

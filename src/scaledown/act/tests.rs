@@ -311,7 +311,10 @@ async fn a_process_that_may_not_write_sends_nothing() {
         .await
         .map(|_| ());
     assert_eq!(category(&settled), Some(Category::NotLeader));
-    let status = actor.write_status(&web(None), &idle()).await.map(|_| ());
+    let status = actor
+        .write_status(&web(None), &idle(), &mut Done::default())
+        .await
+        .map(|_| ());
     assert_eq!(category(&status), Some(Category::NotLeader));
     assert!(log.all().is_empty(), "{:?}", log.lines());
 }
@@ -753,7 +756,12 @@ async fn a_status_of_its_own_tests_the_status_it_replaces() {
     };
     let (client, log) = mock_api::serve(|_| (200, json!({})));
     let (actor, _) = super::tests::actor(client, Leadership::always());
-    assert!(matches!(actor.write_status(&set, &change).await, Ok(true)));
+    assert!(matches!(
+        actor
+            .write_status(&set, &change, &mut Done::default())
+            .await,
+        Ok(true)
+    ));
     let sent = log.writes_and_reads();
     assert_eq!(sent[0].content_type, "application/json-patch+json");
     assert_eq!(
@@ -778,19 +786,32 @@ async fn a_status_of_its_own_tests_the_status_it_replaces() {
         let (client, _) = mock_api::serve(move |_| mock_api::status(code, reason, "x"));
         let (actor, _) = super::tests::actor(client, Leadership::always());
         assert!(
-            matches!(actor.write_status(&set, &change).await, Ok(false)),
+            matches!(
+                actor
+                    .write_status(&set, &change, &mut Done::default())
+                    .await,
+                Ok(false)
+            ),
             "{code}"
         );
     }
     let (client, _) = mock_api::serve(|_| mock_api::status(403, "Forbidden", "x"));
     let (actor, _) = super::tests::actor(client, Leadership::always());
-    let result = actor.write_status(&set, &change).await.map(|_| ());
+    let result = actor
+        .write_status(&set, &change, &mut Done::default())
+        .await
+        .map(|_| ());
     assert_eq!(category(&result), Some(Category::Forbidden));
 
     // No status yet: the test is that there is none.
     let (client, log) = mock_api::serve(|_| (200, json!({})));
     let (actor, _) = super::tests::actor(client, Leadership::always());
-    assert!(actor.write_status(&web(None), &idle()).await.is_ok());
+    assert!(
+        actor
+            .write_status(&web(None), &idle(), &mut Done::default())
+            .await
+            .is_ok()
+    );
     assert_eq!(log.writes_and_reads()[0].body[1]["value"], Value::Null);
 }
 
@@ -798,10 +819,12 @@ async fn a_status_of_its_own_tests_the_status_it_replaces() {
 async fn under_dry_run_a_status_is_a_dry_run_record() {
     let (client, log) = mock_api::serve(|_| (200, json!({})));
     let (actor, _) = actor_with(client, Leadership::always(), true);
+    let mut done = Done::default();
     assert!(matches!(
-        actor.write_status(&web(None), &idle()).await,
+        actor.write_status(&web(None), &idle(), &mut done).await,
         Ok(true)
     ));
+    actor.report_dry_run(&web(None), &done).await;
     assert!(
         log.lines().iter().all(|l| !l.starts_with("PATCH")),
         "{:?}",

@@ -10,6 +10,7 @@ use kube::core::PartialObjectMeta;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::scaledown::watch::ordinals;
 
 fn from(value: Value) -> Arc<StatefulSet> {
     Arc::new(serde_json::from_value(value).expect("statefulset"))
@@ -94,6 +95,7 @@ fn observed(
             claims,
             pods,
             cleanup_pods: &cleanup,
+            ordinals: &ordinals(set, claims, pods),
             cleanups_in_flight: 0,
             rejections: BTreeMap::new(),
             disputed: Default::default(),
@@ -185,13 +187,15 @@ fn a_stale_cleanup_pod_copy_never_lends_its_role_to_the_pod_now_holding_the_name
     );
     let stateful = pod("web-2", "uid-new-stateful", owned_by_web());
     let stale_cleanup = pod("web-2", "uid-ours", looks_like_ours());
+    let (claims, pods) = ([claim("ns", "data-web-2")], [stateful]);
     let o = observe(
         &set,
         &Sources {
             sets: std::slice::from_ref(&set),
-            claims: &[claim("ns", "data-web-2")],
-            pods: &[stateful],
+            claims: &claims,
+            pods: &pods,
             cleanup_pods: &[stale_cleanup],
+            ordinals: &ordinals(&set, &claims, &pods),
             cleanups_in_flight: 0,
             rejections: BTreeMap::new(),
             disputed: Default::default(),
