@@ -33,7 +33,7 @@ pub struct Actor {
     reporter: Arc<Reporter>,
     metrics: Arc<Metrics>,
     leadership: Arc<Leadership>,
-    /// `--dry-run`: the writes are described in `Done::would` instead of being made.
+    /// `--dry-run`: the writes are described in `Done::reports` instead of being made.
     dry_run: bool,
 }
 
@@ -58,8 +58,9 @@ impl Actor {
 
     /// Carries out `plan` for `set`, stopping at the first failed write. What was done before a
     /// failure (cleanup pods created, creations refused) is in `done` either way, so the pass can
-    /// still settle the pods it created. Under `--dry-run` each write is described in
-    /// `done.would` instead, for the pass's report stage ([`Actor::report_dry_run`]).
+    /// still settle the pods it created. What is to be reported goes into `done.reports`, for the
+    /// pass's report stage ([`Actor::report`]); under `--dry-run` each write is described there
+    /// instead of made.
     pub async fn execute(&self, set: &SetFacts, plan: &Plan, done: &mut Done) -> Result<()> {
         for step in &plan.steps {
             // Checked right before every write: a leader past its renew deadline stops mid-plan.
@@ -67,7 +68,7 @@ impl Actor {
                 return Err(Error::NotLeader);
             }
             if self.dry_run && !matches!(step, Step::Event(_)) {
-                done.would.push(describe(step));
+                done.reports.push(Report::DryRun(describe(step)));
             } else {
                 self.carry_out(set, step, plan.status.as_ref(), done)
                     .await?;
@@ -88,13 +89,13 @@ impl Actor {
     ) -> Result<()> {
         let ns = set.namespace.as_str();
         match step {
-            Step::Event(event) => self.publish(set, event, None).await,
+            Step::Event(event) => done.reports.push(Report::Event(event.clone(), None)),
             Step::SetFinalizers { .. } => self.set_finalizers(set, step, status, done).await?,
             Step::MarkDeletion { propagation } => {
                 done.stale |= !patches::mark_deletion(&self.client, set, *propagation).await?;
             }
             Step::DeleteStatefulPod { name, uid } => {
-                self.delete_stateful_pod(set, name, uid).await?;
+                self.delete_stateful_pod(set, name, uid, done).await?;
                 done.deleted.push(Gone::pod(name, uid));
             }
             Step::CreateCleanupPod {
@@ -115,7 +116,7 @@ impl Actor {
                 done.stale |= !self.guarded_release(set, name, uid).await?
             }
             Step::DeleteClaim { name, uid } => {
-                self.delete_claim(set, name, uid).await?;
+                self.delete_claim(set, name, uid, done).await?;
                 done.deleted.push(Gone::claim(name, uid));
             }
             Step::DeleteCleanupPod {
@@ -124,7 +125,7 @@ impl Actor {
                 why,
                 ran_for,
             } => {
-                self.delete_cleanup_pod(set, name, uid, *why, *ran_for)
+                self.delete_cleanup_pod(set, name, uid, *why, *ran_for, done)
                     .await?;
                 done.deleted.push(Gone::pod(name, uid));
             }
@@ -174,16 +175,20 @@ impl Actor {
     }
 
     /// Deletes a stateful pod of a set deleted in the background (UID-guarded).
-    async fn delete_stateful_pod(&self, set: &SetFacts, name: &str, uid: &str) -> Result<()> {
+    async fn delete_stateful_pod(
+        &self,
+        set: &SetFacts,
+        name: &str,
+        uid: &str,
+        done: &mut Done,
+    ) -> Result<()> {
         let ns = set.namespace.as_str();
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         if let Deleted::Now = delete(&pods, name, uid, "delete pod").await? {
             let note = format!(
                 "deleted pod {name} of the deleted StatefulSet so its claims can be cleaned"
             );
-            let pod = pod_ref(ns, name, uid);
-            self.report(set, Reason::SuccessfulDelete, uid, note, pod)
-                .await;
+            done.report(Reason::SuccessfulDelete, uid, note, pod_ref(ns, name, uid));
         }
         Ok(())
     }
@@ -207,7 +212,8 @@ impl Actor {
             }),
             Creation::Exists => debug!(pod = %name, namespace = ns, "cleanup pod already exists"),
             Creation::Refused { code, message } => {
-                self.report_refusal(set, new.ordinal, code, &message).await;
+                done.reports
+                    .push(refusal_event(set, new.ordinal, code, &message));
                 done.refused.push(Refusal {
                     ordinal: new.ordinal,
                     code,
@@ -235,7 +241,7 @@ impl Actor {
     /// Writes the status annotations in a patch of their own, guarded by test ops on the set's UID
     /// and on the status it carried when decided: a set whose status someone else changed
     /// meanwhile is left alone (`Ok(false)`; that change wakes another pass). Under `--dry-run`,
-    /// described in `done.would` instead (and taken as written).
+    /// described in `done.reports` instead (and taken as written).
     pub async fn write_status(
         &self,
         set: &SetFacts,
@@ -246,17 +252,21 @@ impl Actor {
             return Err(Error::NotLeader);
         }
         if self.dry_run {
-            done.would.push(describe_status(&change.write));
+            done.reports
+                .push(Report::DryRun(describe_status(&change.write)));
             return Ok(true);
         }
         patches::status(&self.client, set, &change.write).await
     }
 
-    /// The dry-run record of a pass: each write it described instead of making (`done.would`),
-    /// a `DryRun` outcome on the set. Sent in the pass's report stage, after a failed step too.
-    pub async fn report_dry_run(&self, set: &SetFacts, done: &Done) {
-        for what in &done.would {
-            self.reporter.would(&set_ref(set), what).await;
+    /// The report stage of a pass: what act did (`done.reports`), in order, each an Event, or
+    /// under `--dry-run` a `DryRun` record of a write not made. Also after a failed step.
+    pub async fn report(&self, set: &SetFacts, done: &Done) {
+        for report in &done.reports {
+            match report {
+                Report::Event(event, related) => self.publish(set, event, related.clone()).await,
+                Report::DryRun(what) => self.reporter.would(&set_ref(set), what).await,
+            }
         }
     }
 
@@ -267,15 +277,20 @@ impl Actor {
         }
     }
 
-    async fn delete_claim(&self, set: &SetFacts, name: &str, uid: &str) -> Result<()> {
+    async fn delete_claim(
+        &self,
+        set: &SetFacts,
+        name: &str,
+        uid: &str,
+        done: &mut Done,
+    ) -> Result<()> {
         let ns = set.namespace.as_str();
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
         if let Deleted::Now = delete(&claims, name, uid, "delete claim").await? {
             self.metrics.claim_deleted();
             let note = format!("delete claim {name} in StatefulSet {}", set.name);
             let related = core_ref("PersistentVolumeClaim", ns, name, uid);
-            self.report(set, Reason::SuccessfulDelete, uid, note, related)
-                .await;
+            done.report(Reason::SuccessfulDelete, uid, note, related);
         }
         Ok(())
     }
@@ -287,6 +302,7 @@ impl Actor {
         uid: &str,
         why: PodDeletion,
         ran_for: Option<std::time::Duration>,
+        done: &mut Done,
     ) -> Result<()> {
         let ns = set.namespace.as_str();
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
@@ -317,8 +333,7 @@ impl Actor {
                 format!("deleted pod {name}, which never ran"),
             ),
         };
-        self.report(set, reason, uid, note, pod_ref(ns, name, uid))
-            .await;
+        done.report(reason, uid, note, pod_ref(ns, name, uid));
         Ok(())
     }
 
@@ -386,6 +401,7 @@ impl Actor {
         verdicts: &[(Created, Verdict)],
         release: bool,
         status: Option<&Write>,
+        done: &mut Done,
     ) -> Result<bool> {
         if !self.leadership.may_write() {
             return Err(Error::NotLeader);
@@ -396,14 +412,8 @@ impl Actor {
                 let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
                 delete(&pods, &pod.name, &pod.uid, "delete pod").await?;
                 let note = format!("cleanup pod {} never ran and is deleted: {why}", pod.name);
-                self.report(
-                    live,
-                    Reason::CleanupCancelled,
-                    &pod.uid,
-                    note,
-                    pod_ref(ns, &pod.name, &pod.uid),
-                )
-                .await;
+                let related = pod_ref(ns, &pod.name, &pod.uid);
+                done.report(Reason::CleanupCancelled, &pod.uid, note, related);
             }
         }
         let runs: Vec<&Created> = verdicts
@@ -425,50 +435,10 @@ impl Actor {
                 "create cleanup pod {} (attempt {}) for ordinal {}",
                 pod.name, pod.attempt, pod.ordinal
             );
-            self.report(
-                live,
-                Reason::SuccessfulCreate,
-                &pod.uid,
-                note,
-                pod_ref(ns, &pod.name, &pod.uid),
-            )
-            .await;
+            let related = pod_ref(ns, &pod.name, &pod.uid);
+            done.report(Reason::SuccessfulCreate, &pod.uid, note, related);
         }
         Ok(true)
-    }
-
-    async fn report_refusal(&self, set: &SetFacts, ordinal: u32, code: u16, message: &str) {
-        let pod = naming::pod_name(&set.name, ordinal);
-        let hint = match code {
-            code::FORBIDDEN => {
-                "admission (Pod Security, a webhook), a ResourceQuota or RBAC refused it"
-            }
-            code::TOO_LARGE | code::INTERNAL => "the pod may be too large to store",
-            _ => "the template may be invalid for this cluster",
-        };
-        let event = Event {
-            reason: Reason::CleanupPodRejected,
-            note: format!("the API server refused cleanup pod {pod} ({code}): {message}; {hint}"),
-            key: format!("{ordinal} {code} {message}"),
-        };
-        self.publish(set, &event, None).await;
-    }
-
-    /// Publishes an Event about a write that went through, related to the object written.
-    async fn report(
-        &self,
-        set: &SetFacts,
-        reason: Reason,
-        key: &str,
-        note: String,
-        related: ObjectReference,
-    ) {
-        let event = Event {
-            reason,
-            note,
-            key: key.to_string(),
-        };
-        self.publish(set, &event, Some(related)).await;
     }
 
     /// Reports `event` on the set, with the object written as its related object.
@@ -480,6 +450,24 @@ impl Actor {
     }
 }
 
+/// The Warning of a cleanup pod the API server refused to create.
+fn refusal_event(set: &SetFacts, ordinal: u32, code: u16, message: &str) -> Report {
+    let pod = naming::pod_name(&set.name, ordinal);
+    let hint = match code {
+        code::FORBIDDEN => {
+            "admission (Pod Security, a webhook), a ResourceQuota or RBAC refused it"
+        }
+        code::TOO_LARGE | code::INTERNAL => "the pod may be too large to store",
+        _ => "the template may be invalid for this cluster",
+    };
+    let event = Event {
+        reason: Reason::CleanupPodRejected,
+        note: format!("the API server refused cleanup pod {pod} ({code}): {message}; {hint}"),
+        key: format!("{ordinal} {code} {message}"),
+    };
+    Report::Event(event, None)
+}
+
 mod ops;
 mod patches;
 #[cfg(test)]
@@ -487,7 +475,7 @@ mod tests;
 
 use ops::{Creation, Deleted, NewPod, core_ref, delete, pod_ref, set_ref};
 pub use ops::{
-    Done, FIELD_MANAGER, Refusal, annotation_path, describe, describe_status, guard_ops,
+    Done, FIELD_MANAGER, Refusal, Report, annotation_path, describe, describe_status, guard_ops,
     record_ops, status_ops,
 };
 

@@ -123,8 +123,8 @@ impl Context {
                 .admit(&observed.set, plan, cap, &self.stores.cleanup_pods);
         let mut done = Done::default();
         let acted = self.act(set, &observed, &plan, &reserved, &mut done).await;
-        // Report: the dry-run record, also of a pass that failed midway, and the status's Event.
-        self.actor.report_dry_run(&observed.set, &done).await;
+        // Report what act did (also in a pass that failed midway), then the status's Event.
+        self.actor.report(&observed.set, &done).await;
         if let (Some(change), Ok(true)) = (&plan.status, &acted) {
             self.actor.status_event(&observed.set, change).await;
         }
@@ -151,7 +151,7 @@ impl Context {
         let status = plan.status.as_ref().map(|c| &c.write);
         let unsent = status.filter(|_| done.status.is_none());
         let created = std::mem::take(&mut done.created);
-        let recorded = self.settle(set, observed, created, unsent).await?;
+        let recorded = self.settle(set, observed, created, unsent, done).await?;
         executed?;
         self.write_status(observed, plan, recorded, done).await
     }
@@ -245,6 +245,7 @@ impl Context {
         observed: &Observed,
         created: Vec<Created>,
         status: Option<&status::Write>,
+        done: &mut Done,
     ) -> Result<bool> {
         let mut pending = created;
         let mut facts = Some(observed.set.clone());
@@ -267,7 +268,7 @@ impl Context {
             let release = decide::may_release(on) && observed.read == SetRead::LiveAll;
             match self
                 .actor
-                .settle(on, &records, &verdicts, release, status)
+                .settle(on, &records, &verdicts, release, status, done)
                 .await
             {
                 Err(Error::Contended { .. }) if attempt < RECORD_TRIES => {
@@ -280,7 +281,7 @@ impl Context {
                         self.memories()
                             .contended(set, pending.iter().map(|c| c.ordinal), true);
                     }
-                    self.abandon(on, &pending).await?;
+                    self.abandon(on, &pending, done).await?;
                     return Err(err);
                 }
                 Ok(recorded) => {
@@ -296,7 +297,7 @@ impl Context {
 
     /// Deletes the cleanup pods of this pass whose record was refused every time: they never ran,
     /// and the backoff that follows the failed pass decides when the next one is created.
-    async fn abandon(&self, on: &SetFacts, pending: &[Created]) -> Result<()> {
+    async fn abandon(&self, on: &SetFacts, pending: &[Created], done: &mut Done) -> Result<()> {
         let why = "its record on the StatefulSet failed (the set backs off before the next try)";
         let cancels: Vec<(Created, Verdict)> = pending
             .iter()
@@ -304,7 +305,7 @@ impl Context {
             .collect();
         self.memories().forget_created(&on.namespace, &cancels);
         self.actor
-            .settle(on, &BTreeMap::new(), &cancels, false, None)
+            .settle(on, &BTreeMap::new(), &cancels, false, None, done)
             .await
             .map(|_| ())
     }

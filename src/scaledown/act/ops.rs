@@ -11,6 +11,7 @@ use tracing::debug;
 
 use crate::error::{Error, Result, code, is_status, status_code};
 use crate::naming;
+use crate::reason::Reason;
 use crate::scaledown::decide::status::Write;
 use crate::scaledown::decide::{Event, Step};
 use crate::scaledown::expect::{Gone, Mark};
@@ -47,9 +48,30 @@ pub struct Done {
     pub stale: bool,
     /// The next-attempt marks this plan wrote: the claim cache may not show them yet.
     pub marked: Vec<Mark>,
-    /// Under `--dry-run`, the writes this pass would have made (a line each, as [`describe`]
-    /// says them): the pass reports them as its dry-run record.
-    pub would: Vec<String>,
+    /// What the pass reports of what was done, in the order it was done: the pass's report
+    /// stage sends it after act, also when a step failed midway.
+    pub reports: Vec<Report>,
+}
+
+impl Done {
+    /// Reports `reason` on the set, about the object written (`related`).
+    pub fn report(&mut self, reason: Reason, key: &str, note: String, related: ObjectReference) {
+        let event = Event {
+            reason,
+            note,
+            key: key.to_string(),
+        };
+        self.reports.push(Report::Event(event, Some(related)));
+    }
+}
+
+/// One thing a pass reports about what act did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Report {
+    /// An Event on the set, with the object written as its related object, if any.
+    Event(Event, Option<ObjectReference>),
+    /// Under `--dry-run`: a write not made, as [`describe`] says it (a `DryRun` record).
+    DryRun(String),
 }
 
 /// A cleanup pod to create, as its step gives it.

@@ -62,6 +62,7 @@ where
         ..Plan::default()
     };
     let result = actor.execute(&web(None), &plan, &mut done).await;
+    actor.report(&web(None), &done).await;
     (result, done, log)
 }
 
@@ -307,7 +308,14 @@ async fn a_process_that_may_not_write_sends_nothing() {
     let result = actor.execute(&web(None), &plan, &mut Done::default()).await;
     assert_eq!(category(&result), Some(Category::NotLeader));
     let settled = actor
-        .settle(&web(None), &BTreeMap::new(), &[], true, None)
+        .settle(
+            &web(None),
+            &BTreeMap::new(),
+            &[],
+            true,
+            None,
+            &mut Done::default(),
+        )
         .await
         .map(|_| ());
     assert_eq!(category(&settled), Some(Category::NotLeader));
@@ -383,6 +391,7 @@ where
     let (client, log) = mock_api::serve(answer);
     let (actor, _) = actor(client, Leadership::always());
     let verdicts = [(created(1, "uid-new"), verdict)];
+    let mut done = Done::default();
     let result = actor
         .settle(
             &web(old_record),
@@ -390,8 +399,10 @@ where
             &verdicts,
             true,
             status,
+            &mut done,
         )
         .await;
+    actor.report(&web(old_record), &done).await;
     (result, log)
 }
 
@@ -824,7 +835,7 @@ async fn under_dry_run_a_status_is_a_dry_run_record() {
         actor.write_status(&web(None), &idle(), &mut done).await,
         Ok(true)
     ));
-    actor.report_dry_run(&web(None), &done).await;
+    actor.report(&web(None), &done).await;
     assert!(
         log.lines().iter().all(|l| !l.starts_with("PATCH")),
         "{:?}",
