@@ -1086,8 +1086,11 @@ def why_realnode(run):
     o = max(timed, key=lambda o: event(o, "cleanup_running_ms") - event(o, "pod_gone_ms"))
     ours = event(o, "cleanup_released_ms") - event(o, "pod_gone_ms")
     node = event(o, "cleanup_running_ms") - event(o, "cleanup_released_ms")
-    return (f"; the slowest ordinal: pod gone → released {ours / 1000:.2f} s (the controller, with its wait for "
-            f"kube-controller-manager), released → running {node / 1000:.2f} s (scheduler, kubelet, containerd)")
+    caught_up = event(o, "set_caught_up_ms")
+    kcm = (f", of which {max(caught_up - event(o, 'pod_gone_ms'), 0) / 1000:.2f} s until the set's status showed "
+           "kube-controller-manager done with the scale-down") if caught_up is not None else ""
+    return (f"; the slowest ordinal: pod gone → released {ours / 1000:.2f} s (the controller{kcm}), "
+            f"released → running {node / 1000:.2f} s (scheduler, kubelet, containerd)")
 
 
 def plot_realnode(plt, runs):
