@@ -23,15 +23,19 @@ use crate::scaledown::watch::{Slice, labelled_by, lacks_own_labels, ordinals};
 pub struct NamespaceLists {
     client: Client,
     metrics: Arc<Metrics>,
+    prune_set: fn(&mut StatefulSet),
     reads: Coalesce<String, Listed, Error>,
 }
 
 impl NamespaceLists {
-    /// Lists read through `client`, timed into `metrics`.
-    pub fn new(client: Client, metrics: Arc<Metrics>) -> Self {
+    /// Lists read through `client`, timed into `metrics`; their StatefulSets are pruned as the
+    /// set cache prunes them with `--inherit-scheduling` at `inherit_scheduling`, so that a set
+    /// taken from a list gives the facts its cached copy gives.
+    pub fn new(client: Client, metrics: Arc<Metrics>, inherit_scheduling: bool) -> Self {
         NamespaceLists {
             client,
             metrics,
+            prune_set: crate::caches::set_pruner(inherit_scheduling),
             reads: Coalesce::default(),
         }
     }
@@ -42,11 +46,12 @@ impl NamespaceLists {
         let client = self.client.clone();
         let metrics = self.metrics.clone();
         let owned = ns.to_string();
+        let prune_set = self.prune_set;
         let answer = self
             .reads
             .get_counted(ns.to_string(), move |callers| async move {
                 metrics.namespace_list_shared(callers);
-                list_namespace_timed(&client, &owned, Some(&metrics)).await
+                list_namespace_timed(&client, &owned, prune_set, Some(&metrics)).await
             })
             .await
             .map_err(Error::Shared);
@@ -71,6 +76,14 @@ pub struct Listed {
 }
 
 impl Listed {
+    /// The StatefulSet `name` of this read if it is still the object `uid`.
+    pub fn set(&self, name: &str, uid: &str) -> Option<Arc<StatefulSet>> {
+        self.sets
+            .iter()
+            .find(|s| s.name_any() == name && s.uid().as_deref() == Some(uid))
+            .cloned()
+    }
+
     /// The other sets `set`'s claims could belong to: those whose claim templates give one of
     /// its claims' names, and those whose selector labels one of them carries (what the cache's
     /// slice holds, from this read).
@@ -136,23 +149,59 @@ pub async fn read_set(
         }))
 }
 
+/// The read of a set made before its namespace is listed ([`first_read`]).
+pub enum First {
+    /// The set is alive in the caches: it is taken from the namespace's list.
+    FromList,
+    /// The set, read on its own.
+    Read(Arc<StatefulSet>),
+    /// The set is gone or was replaced.
+    Gone,
+}
+
+/// The live read of `set`, made before its namespace is listed, if the caches show it being
+/// deleted. How its deletion propagates is judged from its finalizers and its pods' owners, and
+/// the garbage collector takes the owners off the pods before it removes the `orphan` finalizer:
+/// only pods listed after the set show an orphan deletion for what it is. A set the caches show
+/// alive is taken from the namespace's list (`FromList`); if that list shows it being deleted, the
+/// caches and the live read disagree and the pass does nothing (`reconcile`'s `confirm`).
+pub async fn first_read(
+    client: &Client,
+    set: &StatefulSet,
+    facts: &SetFacts,
+    inherit_scheduling: bool,
+) -> Result<First> {
+    if set.metadata.deletion_timestamp.is_none() {
+        return Ok(First::FromList);
+    }
+    Ok(match read_set(client, facts, inherit_scheduling).await? {
+        Some(live) => First::Read(Arc::new(live)),
+        None => First::Gone,
+    })
+}
+
 /// Lists the claims (metadata), pods and StatefulSets of `ns`: what a live observation of a set
-/// needs besides the set itself. Used before the finalizer is released, and by `kubectl scaledown status`.
+/// needs, the set included. Used before a release, a claim delete and the finalizer's release, and
+/// by `kubectl scaledown status`.
 pub async fn list_namespace(client: &Client, ns: &str) -> Result<Listed> {
-    list_namespace_timed(client, ns, None).await
+    list_namespace_timed(client, ns, crate::caches::prune_set, None).await
 }
 
 /// [`list_namespace`], each list and the whole read timed into `metrics` if given.
 ///
 /// The claims are listed first, alone; the pods and the StatefulSets then at once. Every claim is
-/// judged against the pods that mount it and the other sets that could own it, so both lists must
-/// be at least as new as the claim list: a pod mounting a listed claim, or a set wanting it, that
-/// existed when the claims were read is always seen. Pods and sets are never judged against each
-/// other in one read (a pod's role comes from the set read live before this), so their order does
-/// not matter, and sending them together takes the longer of the two instead of their sum.
+/// judged against the pods that mount it, its set and the other sets that could own it, so both
+/// lists must be at least as new as the claim list: a pod mounting a listed claim, or a set (or a
+/// scale-up) wanting it, that existed when the claims were read is always seen. The order of the
+/// pods and the sets does not matter: this controller's own creates and records were all made
+/// before the pass that reads began (passes over one set never overlap), so both lists show them;
+/// what others change in between (a scale-up, a new stateful pod) can only make an ordinal look
+/// wanted or in use, never orphaned. Sending them together takes the longer of the two instead of
+/// their sum.
 async fn list_namespace_timed(
     client: &Client,
     ns: &str,
+    prune_set: fn(&mut StatefulSet),
     metrics: Option<&Metrics>,
 ) -> Result<Listed> {
     let all = ListParams::default();
@@ -191,7 +240,7 @@ async fn list_namespace_timed(
         .cloned()
         .collect();
     pods.iter_mut().for_each(crate::caches::prune_pod);
-    sets.iter_mut().for_each(crate::caches::prune_set);
+    sets.iter_mut().for_each(prune_set);
     timed("all", started);
     Ok(Listed {
         claims: arcs(claims),

@@ -21,7 +21,7 @@ use crate::pass::Runner;
 use crate::scaledown::act::{Actor, Created, Done};
 use crate::scaledown::decide::{self, Confirm, Plan, Policy, Verdict, decide, status};
 use crate::scaledown::expect::{self, Expectations, GoneKind};
-use crate::scaledown::live;
+use crate::scaledown::live::{self, First};
 pub use crate::scaledown::live::{Listed, NamespaceLists, list_namespace};
 use crate::scaledown::memory::{Memories, Recalled};
 use crate::scaledown::observe::{self, Observed, SetFacts, SetRead, Sources};
@@ -84,7 +84,7 @@ impl Context {
         runner: Runner<StatefulSet>,
     ) -> Self {
         Context {
-            lists: NamespaceLists::new(client.clone(), runner.metrics()),
+            lists: NamespaceLists::new(client.clone(), runner.metrics(), policy.inherit_scheduling),
             leadership,
             client,
             stores,
@@ -424,7 +424,10 @@ impl Context {
     }
 
     /// The facts with the set read live, and with `SetAndNamespace` the claims and pods of its
-    /// namespace too; `None` if the set is gone or was replaced.
+    /// namespace too; `None` if the set is gone or was replaced. A read of the namespace takes
+    /// the set from its own list of StatefulSets, sent after the claims were listed, instead of a
+    /// GET of its own: one request fewer per confirmed pass, and a set at least as new as the
+    /// claims it is judged with.
     async fn observe_live(
         &self,
         set: &StatefulSet,
@@ -433,16 +436,30 @@ impl Context {
     ) -> Result<Option<Observed>> {
         let inherit = self.policy.inherit_scheduling;
         let facts = observe::set_facts(set);
-        let Some(live) = live::read_set(&self.client, &facts, inherit).await? else {
-            return Ok(None);
-        };
-        let (slice, read) = match depth {
-            Confirm::Set => (self.slice(&live), SetRead::LiveSet),
+        let (live, slice, read) = match depth {
+            Confirm::Set => {
+                let Some(live) = live::read_set(&self.client, &facts, inherit).await? else {
+                    return Ok(None);
+                };
+                let slice = self.slice(&live);
+                (Arc::new(live), slice, SetRead::LiveSet)
+            }
             Confirm::SetAndNamespace => {
-                let ns = live.namespace().unwrap_or_default();
+                // A set being deleted is read first, on its own: its pods must be listed after
+                // it (see `live::first_read`).
+                let first = match live::first_read(&self.client, set, &facts, inherit).await? {
+                    First::Gone => return Ok(None),
+                    First::Read(live) => Some(live),
+                    First::FromList => None,
+                };
+                let ns = set.namespace().unwrap_or_default();
                 // The slot is handed back while the pass waits: the list is shared.
                 let listed = crate::pass::parked(self.lists.list(&ns)).await?;
-                (listed.slice(&live), SetRead::LiveAll)
+                let Some(live) = first.or_else(|| listed.set(&facts.name, &facts.uid)) else {
+                    return Ok(None);
+                };
+                let slice = listed.slice(&live);
+                (live, slice, SetRead::LiveAll)
             }
         };
         Ok(Some(self.observe_slice(&live, &slice, read, recalled)))

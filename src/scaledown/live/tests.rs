@@ -76,7 +76,7 @@ async fn claims_are_listed_first_then_pods_and_sets_at_once() {
 async fn a_shared_list_is_timed_by_kind_and_counts_its_callers() {
     let (client, _) = slow_lists();
     let metrics = Arc::new(Metrics::default());
-    let lists = NamespaceLists::new(client, metrics.clone());
+    let lists = NamespaceLists::new(client, metrics.clone(), false);
     lists.list("ns").await.expect("listed");
     let text = metrics.encode();
     let line = |start: &str| {
