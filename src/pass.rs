@@ -7,7 +7,7 @@
 //! A controller's `reconcile` is `runner.run(&object, ctx.pass(&object))`; its `error_policy` is
 //! `runner.error_policy(&object)`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use kube::Resource;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
 use crate::error::{Category, Error, Result};
@@ -26,41 +26,13 @@ use crate::naming::Controller;
 use crate::reason::Reason;
 use crate::report::{Outcome, Reporter};
 
-/// How long an object waits after its `n`-th failed pass in a row: `base` doubling to `max`, or to
-/// `transport_max` when the API server could not be reached (that says nothing about the object,
-/// and the changes an outage hid arrive when the watches resume).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    /// The wait after the first failure.
-    pub base: Duration,
-    /// The longest wait.
-    pub max: Duration,
-    /// The longest wait when the API server could not be reached.
-    pub transport_max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            base: Duration::from_secs(1),
-            max: Duration::from_secs(300),
-            transport_max: Duration::from_secs(5),
-        }
-    }
-}
-
-impl Backoff {
-    /// The wait after `failures` failed passes in a row, the last of `category`.
-    pub fn after(&self, failures: u32, category: Category) -> Duration {
-        let cap = match category {
-            Category::Transport => self.transport_max,
-            _ => self.max,
-        };
-        self.base
-            .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1)))
-            .min(cap)
-    }
-}
+mod backoff;
+mod running;
+mod slots;
+pub use backoff::Backoff;
+use running::{Passes, Running};
+use slots::Slot;
+pub use slots::parked;
 
 /// An object whose last passes failed.
 #[derive(Clone, Copy, Debug)]
@@ -107,41 +79,6 @@ pub struct Runner<K: Resource> {
     /// The slots passes run in, if this runner bounds them (`with_slots`) rather than kube's
     /// Controller: a pass gives its slot back while it waits for a shared read ([`parked`]).
     slots: Option<Arc<Semaphore>>,
-}
-
-tokio::task_local! {
-    /// The slot of the pass being polled, when its runner has slots.
-    static SLOT: Arc<Slot>;
-}
-
-/// One pass's hold on a slot of its runner.
-struct Slot {
-    semaphore: Arc<Semaphore>,
-    permit: Mutex<Option<OwnedSemaphorePermit>>,
-}
-
-impl Slot {
-    fn permit(&self) -> std::sync::MutexGuard<'_, Option<OwnedSemaphorePermit>> {
-        self.permit.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// Awaits `wait` with the running pass's slot handed back meanwhile, and takes a slot again (in
-/// turn behind the passes already waiting for one) before returning. For waits that send nothing
-/// of their own, such as a read shared with other passes (`scaledown::live::NamespaceLists`): the
-/// slots bound the passes doing work, and a pass parked on a shared read does none. Outside a
-/// runner with slots, just awaits `wait`.
-pub async fn parked<F: Future>(wait: F) -> F::Output {
-    let Ok(slot) = SLOT.try_with(Arc::clone) else {
-        return wait.await;
-    };
-    drop(slot.permit().take());
-    let out = wait.await;
-    // The semaphore is never closed.
-    if let Ok(permit) = slot.semaphore.clone().acquire_owned().await {
-        *slot.permit() = Some(permit);
-    }
-    out
 }
 
 impl<K> Runner<K>
@@ -257,13 +194,7 @@ where
     ) -> Result<Action> {
         let key = ObjectRef::from_obj(object);
         let slot = match &self.slots {
-            // The semaphore is never closed.
-            Some(semaphore) => semaphore.clone().acquire_owned().await.ok().map(|permit| {
-                Arc::new(Slot {
-                    semaphore: semaphore.clone(),
-                    permit: Mutex::new(Some(permit)),
-                })
-            }),
+            Some(semaphore) => Slot::take(semaphore).await,
             None => None,
         };
         let _started = Started::new(self, &key);
@@ -273,7 +204,7 @@ where
         let _running = Running::new(&self.running);
         let started = Instant::now();
         let result = match slot {
-            Some(slot) => SLOT.scope(slot, pass).await,
+            Some(slot) => slot.hold(pass).await,
             None => pass.await,
         };
         let category = result.as_ref().err().map(Error::category);
@@ -437,38 +368,6 @@ where
     parts(controller, client, identity, metrics, dry_run)
 }
 
-/// Counts one running pass for as long as it lives (also when it is dropped half-way).
-/// The passes running now: how many (shutdown waits for none), and since when each (by start
-/// order, so the first is the oldest: the liveness probe looks at it).
-#[derive(Default)]
-struct Passes {
-    count: watch::Sender<usize>,
-    started: Mutex<(u64, BTreeMap<u64, Instant>)>,
-}
-
-impl Passes {
-    fn started(&self) -> std::sync::MutexGuard<'_, (u64, BTreeMap<u64, Instant>)> {
-        self.started.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// One running pass, counted in [`Passes`] until it is dropped.
-struct Running<'a>(&'a Passes, u64);
-
-impl<'a> Running<'a> {
-    fn new(passes: &'a Passes) -> Self {
-        let id = {
-            let mut started = passes.started();
-            started.0 += 1;
-            let id = started.0;
-            started.1.insert(id, Instant::now());
-            id
-        };
-        passes.count.send_modify(|n| *n += 1);
-        Running(passes, id)
-    }
-}
-
 /// A started pass (also one that only finds its object backing off), until it is dropped: what
 /// [`Runner::started`] and [`Runner::ended`] keep of its wakes.
 struct Started<'a, K: Resource<DynamicType = ()> + Clone + 'static>(
@@ -486,13 +385,6 @@ impl<'a, K: Resource<DynamicType = ()> + Clone + 'static> Started<'a, K> {
 impl<K: Resource<DynamicType = ()> + Clone + 'static> Drop for Started<'_, K> {
     fn drop(&mut self) {
         self.0.ended(self.1);
-    }
-}
-
-impl Drop for Running<'_> {
-    fn drop(&mut self) {
-        self.0.started().1.remove(&self.1);
-        self.0.count.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
