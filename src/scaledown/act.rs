@@ -33,8 +33,6 @@ pub struct Actor {
     reporter: Arc<Reporter>,
     metrics: Arc<Metrics>,
     leadership: Arc<Leadership>,
-    /// `--dry-run`: the writes are described in `Done::reports` instead of being made.
-    dry_run: bool,
 }
 
 pub use crate::scaledown::observe::Created;
@@ -49,7 +47,6 @@ impl Actor {
     ) -> Self {
         Actor {
             leadership,
-            dry_run: !reporter.writes(),
             reporter,
             client,
             metrics,
@@ -67,7 +64,7 @@ impl Actor {
             if !self.leadership.may_write() {
                 return Err(Error::NotLeader);
             }
-            if self.dry_run && !matches!(step, Step::Event(_)) {
+            if !self.reporter.writes() && !matches!(step, Step::Event(_)) {
                 done.reports.push(Report::DryRun(describe(step)));
             } else {
                 self.carry_out(set, step, plan.status.as_ref(), done)
@@ -251,7 +248,7 @@ impl Actor {
         if !self.leadership.may_write() {
             return Err(Error::NotLeader);
         }
-        if self.dry_run {
+        if !self.reporter.writes() {
             done.reports
                 .push(Report::DryRun(describe_status(&change.write)));
             return Ok(true);
