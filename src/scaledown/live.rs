@@ -1,6 +1,7 @@
 //! Live reads, straight from the API server: the set a confirmed pass decides on and the rest of
 //! its namespace (`reconcile`), and what `kubectl scaledown status` shows.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use tokio::time::Instant;
 
@@ -11,6 +12,7 @@ use kube::{Client, ResourceExt};
 
 use crate::coalesce::Coalesce;
 use crate::error::{Error, Result};
+use crate::index::Keys;
 use crate::metrics::Metrics;
 use crate::naming::{self, Ordinals};
 use crate::scaledown::observe::SetFacts;
@@ -114,15 +116,43 @@ impl Listed {
         ordinals(set, &self.claims, &self.pods)
     }
 
-    /// What a pass over `set` looks at, from this read: the whole namespace's claims and pods,
-    /// the sets its claims could belong to ([`Listed::rival_sets`]), and the ordinals.
+    /// What a pass over `set` looks at, from this read, chosen as the cache's slice chooses it
+    /// (`Stores::slice`): the claims named by its claim templates, its pods and the pods that
+    /// mount those claims, its cleanup pods, the sets its claims could belong to
+    /// ([`Listed::rival_sets`]), and the ordinals. Only that is kept: the namespace's list is
+    /// freed as soon as the passes it served have taken their slices.
     pub fn slice(&self, set: &StatefulSet) -> Slice {
+        let name = set.name_any();
+        let prefixes: Vec<String> = crate::caches::claim_templates(set)
+            .map(|t| naming::claim_prefix(t, &name))
+            .collect();
+        let claims: Vec<_> = self
+            .claims
+            .iter()
+            .filter(|c| prefixes.iter().any(|p| name_of(&c.metadata).starts_with(p)))
+            .cloned()
+            .collect();
+        let names: BTreeSet<String> = claims.iter().map(|c| c.name_any()).collect();
+        let pod_prefix = naming::pod_prefix(&name);
+        let pods: Vec<_> = self
+            .pods
+            .iter()
+            .filter(|p| {
+                name_of(&p.metadata).starts_with(&pod_prefix)
+                    || p.keys().iter().any(|k| names.contains(k))
+            })
+            .cloned()
+            .collect();
+        let cleanup_pods = (self.cleanup_pods.iter())
+            .filter(|p| name_of(&p.metadata).starts_with(&pod_prefix))
+            .cloned()
+            .collect();
         Slice {
             sets: self.rival_sets(set),
-            claims: self.claims.clone(),
-            pods: self.pods.clone(),
-            cleanup_pods: self.cleanup_pods.clone(),
-            ordinals: self.ordinals(set),
+            ordinals: ordinals(set, &claims, &pods),
+            claims,
+            pods,
+            cleanup_pods,
         }
     }
 }
@@ -248,6 +278,10 @@ async fn list_namespace_timed(
         cleanup_pods: arcs(cleanup),
         sets: arcs(sets),
     })
+}
+
+fn name_of(meta: &kube::api::ObjectMeta) -> &str {
+    meta.name.as_deref().unwrap_or_default()
 }
 
 fn arcs<T>(items: Vec<T>) -> Vec<Arc<T>> {

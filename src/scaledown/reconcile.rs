@@ -453,12 +453,19 @@ impl Context {
                     First::FromList => None,
                 };
                 let ns = set.namespace().unwrap_or_default();
-                // The slot is handed back while the pass waits: the list is shared.
-                let listed = crate::pass::parked(self.lists.list(&ns)).await?;
-                let Some(live) = first.or_else(|| listed.set(&facts.name, &facts.uid)) else {
+                // The slot is handed back while the pass waits: the list is shared. The pass
+                // takes its slice before it queues for a slot again, so passes waiting for a
+                // slot do not keep whole lists of the namespace alive.
+                let lists = &self.lists;
+                let taken = crate::pass::parked(async {
+                    let listed = lists.list(&ns).await?;
+                    let live = first.or_else(|| listed.set(&facts.name, &facts.uid));
+                    Ok::<_, Error>(live.map(|live| (listed.slice(&live), live)))
+                })
+                .await?;
+                let Some((slice, live)) = taken else {
                     return Ok(None);
                 };
-                let slice = listed.slice(&live);
                 (live, slice, SetRead::LiveAll)
             }
         };

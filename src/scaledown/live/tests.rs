@@ -160,3 +160,64 @@ fn rival_sets_are_those_a_claim_could_belong_to() {
         "claims of other sets only"
     );
 }
+
+fn pod(name: &str, claims: &[&str], cleanup: bool) -> Arc<Pod> {
+    let volumes: Vec<_> = (claims.iter().enumerate())
+        .map(|(i, c)| json!({"name": format!("v{i}"), "persistentVolumeClaim": {"claimName": c}}))
+        .collect();
+    let labels = if cleanup {
+        json!({naming::CLEANUP_LABEL: "true"})
+    } else {
+        json!({})
+    };
+    Arc::new(
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "labels": labels},
+            "spec": {"containers": [], "volumes": volumes}
+        }))
+        .expect("pod"),
+    )
+}
+
+fn pod_names(pods: &[Arc<Pod>]) -> Vec<String> {
+    pods.iter().map(|p| p.name_any()).collect()
+}
+
+/// Issue 25 (`sets5000`: 3.9 GB): a pass keeps only its set's part of a namespace's list, chosen
+/// as the cache's slice chooses it, so the list is freed once the passes it served have sliced it.
+#[test]
+fn a_slice_of_a_list_holds_only_what_the_set_looks_at() {
+    let web = set("web", "data", "web");
+    let cleanup = pod("web-1-scaledown", &["data-web-1"], true);
+    let listed = Listed {
+        claims: vec![
+            claim("data-web-0", Some("web")),
+            claim("data-web-1", Some("web")),
+            claim("data-db-0", Some("db")),
+            claim("logs-web-0", Some("web")),
+        ],
+        pods: vec![
+            pod("web-0", &["data-web-0"], false),
+            pod("db-0", &["data-db-0"], false),
+            pod("backup", &["data-web-1", "data-db-0"], false),
+            pod("reader", &["logs-web-0"], false),
+            cleanup.clone(),
+        ],
+        cleanup_pods: vec![cleanup, pod("db-0-scaledown", &["data-db-0"], true)],
+        sets: vec![web.clone(), set("db", "data", "db")],
+    };
+    let slice = listed.slice(&web);
+    let claims: Vec<String> = slice.claims.iter().map(|c| c.name_any()).collect();
+    assert_eq!(
+        claims,
+        ["data-web-0", "data-web-1"],
+        "claims of its templates"
+    );
+    assert_eq!(
+        pod_names(&slice.pods),
+        ["web-0", "backup", "web-1-scaledown"],
+        "its pods and the users of its claims"
+    );
+    assert_eq!(pod_names(&slice.cleanup_pods), ["web-1-scaledown"]);
+    assert_eq!(slice.ordinals, listed.ordinals(&web), "the same ordinals");
+}
