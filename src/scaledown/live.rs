@@ -252,7 +252,7 @@ async fn list_namespace_timed(
     let sets_api: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
     let pods = async {
         let at = Instant::now();
-        let listed = pods_api.list(&all).await;
+        let listed = list_pods_pruned(&pods_api).await;
         timed("pods", at);
         listed.map_err(Error::kube("list pods", ns))
     };
@@ -262,14 +262,8 @@ async fn list_namespace_timed(
         timed("statefulsets", at);
         listed.map_err(Error::kube("list statefulsets", ns))
     };
-    let (pods, sets) = futures::future::try_join(pods, sets).await?;
-    let (mut pods, mut sets) = (pods.items, sets.items);
-    let cleanup: Vec<Pod> = pods
-        .iter()
-        .filter(|p| p.labels().contains_key(naming::CLEANUP_LABEL))
-        .cloned()
-        .collect();
-    pods.iter_mut().for_each(crate::caches::prune_pod);
+    let ((pods, cleanup), sets) = futures::future::try_join(pods, sets).await?;
+    let mut sets = sets.items;
     sets.iter_mut().for_each(prune_set);
     timed("all", started);
     Ok(Listed {
@@ -278,6 +272,36 @@ async fn list_namespace_timed(
         cleanup_pods: arcs(cleanup),
         sets: arcs(sets),
     })
+}
+
+/// Pods per page of a live namespace list (kube's default page size). Unpaged, a list held its
+/// whole body and every pod unpruned at once, for each namespace being listed (ten at once in
+/// `sets5000`); a page of 500 costs one request per 500 pods, shared by every pass the list
+/// serves.
+const LIVE_PAGE_SIZE: u32 = 500;
+
+/// The pods of `api`'s namespace, pruned as the pod cache prunes them, and its cleanup pods whole,
+/// read in pages of [`LIVE_PAGE_SIZE`]: a page is pruned as it arrives, so one page's JSON and
+/// unpruned pods are the most a list holds beyond what it keeps. The pages are one snapshot (the
+/// continue token carries the first page's resourceVersion), the first sent after the call.
+async fn list_pods_pruned(api: &Api<Pod>) -> kube::Result<(Vec<Pod>, Vec<Pod>)> {
+    let mut params = ListParams::default().limit(LIVE_PAGE_SIZE);
+    let (mut pods, mut cleanup) = (Vec::new(), Vec::new());
+    loop {
+        let page = api.list(&params).await?;
+        let next = page.metadata.continue_.filter(|token| !token.is_empty());
+        for mut pod in page.items {
+            if pod.labels().contains_key(naming::CLEANUP_LABEL) {
+                cleanup.push(pod.clone());
+            }
+            crate::caches::prune_pod(&mut pod);
+            pods.push(pod);
+        }
+        match next {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok((pods, cleanup)),
+        }
+    }
 }
 
 fn name_of(meta: &kube::api::ObjectMeta) -> &str {

@@ -221,3 +221,60 @@ fn a_slice_of_a_list_holds_only_what_the_set_looks_at() {
     assert_eq!(pod_names(&slice.cleanup_pods), ["web-1-scaledown"]);
     assert_eq!(slice.ordinals, listed.ordinals(&web), "the same ordinals");
 }
+
+fn pod_json(name: &str, cleanup: bool) -> serde_json::Value {
+    let labels = if cleanup {
+        json!({naming::CLEANUP_LABEL: "true"})
+    } else {
+        json!({})
+    };
+    json!({"metadata": {"name": name, "namespace": "ns", "labels": labels,
+                        "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
+           "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+}
+
+/// Issue 25: the pods of a namespace are listed in pages of `LIVE_PAGE_SIZE`, each pruned as it
+/// arrives; the cleanup pods are kept whole.
+#[tokio::test]
+async fn the_pods_of_a_namespace_are_listed_in_pages() {
+    let (client, log) = mock_api::serve(|sent| {
+        if kind(&sent.path) != "pods" {
+            return empty_list(&sent.path);
+        }
+        let (items, next) = if sent.query.contains("continue=page2") {
+            (vec![pod_json("web-1-scaledown", true)], "")
+        } else {
+            (vec![pod_json("web-0", false)], "page2")
+        };
+        let meta = json!({"resourceVersion": "7", "continue": next});
+        (
+            200,
+            json!({"apiVersion": "v1", "kind": "PodList", "metadata": meta, "items": items}),
+        )
+    });
+    let listed = list_namespace(&client, "ns").await.expect("listed");
+    let queries: Vec<String> = (log.all().into_iter())
+        .filter(|s| kind(&s.path) == "pods")
+        .map(|s| s.query)
+        .collect();
+    assert_eq!(queries.len(), 2, "{queries:?}");
+    assert!(
+        queries
+            .iter()
+            .all(|q| q.contains(&format!("limit={LIVE_PAGE_SIZE}")))
+    );
+    assert!(queries[1].contains("continue=page2"), "{queries:?}");
+    assert_eq!(pod_names(&listed.pods), ["web-0", "web-1-scaledown"]);
+    assert!(
+        listed
+            .pods
+            .iter()
+            .all(|p| p.metadata.managed_fields.is_none()),
+        "pruned"
+    );
+    assert_eq!(pod_names(&listed.cleanup_pods), ["web-1-scaledown"]);
+    assert!(
+        listed.cleanup_pods[0].metadata.managed_fields.is_some(),
+        "whole"
+    );
+}
