@@ -340,6 +340,9 @@ fn phase_complete(phase: &Value) -> bool {
 async fn run(o: &Options) -> Value {
     let started_at = utc_now("%Y-%m-%dT%H:%M:%SZ");
     let load_start = probe::loadavg();
+    // Read now, not when the result is written: a run of the size of `sets5000` lasts long enough
+    // for commits to land meanwhile, and the binary under test is this one's.
+    let versions = probe::versions();
     let t0 = Instant::now();
     let mut phases = Vec::new();
     if o.scenario == "idle" {
@@ -398,7 +401,7 @@ async fn run(o: &Options) -> Value {
         "machine": probe::machine(),
         "loadavg_start": load_start,
         "loadavg_end": probe::loadavg(),
-        "versions": probe::versions(),
+        "versions": versions,
         "cluster_id": std::fs::read_to_string(support::cluster_state_dir().join("cluster-id")).unwrap_or_default().trim(),
         "phases": phases,
     })
