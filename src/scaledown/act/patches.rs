@@ -21,16 +21,47 @@ use crate::scaledown::decide::status::Write;
 use crate::scaledown::decide::{Propagation, mark_value};
 use crate::scaledown::observe::{Record, SetFacts};
 
-pub async fn set_finalizers(
+/// Adds our finalizer: a strategic merge of the finalizer list (its merge key is the value), so no
+/// resourceVersion is needed to keep another's finalizer, and kube-controller-manager's status
+/// writes, which come by the thousand when thousands of sets change at once, never make it a 409.
+/// Guarded by the set's UID: a set of that name created since gets nothing. `Ok(false)`: the set
+/// is gone, replaced or being deleted (the API server refuses a new finalizer then).
+async fn add_finalizer(client: &Client, set: &SetFacts, status: Option<&Write>) -> Result<bool> {
+    let api: Api<StatefulSet> = Api::namespaced(client.clone(), &set.namespace);
+    let mut patch = json!({"metadata": {"uid": set.uid, "finalizers": [naming::FINALIZER]}});
+    if let Some(write) = status {
+        patch["metadata"]["annotations"] = status_merge(write);
+    }
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    match api
+        .patch(&set.name, &params, &Patch::Strategic(&patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(e) if is_status(&e, &[code::NOT_FOUND, code::CONFLICT, code::INVALID]) => {
+            debug!(set = %set.name, namespace = %set.namespace, error = %e, "set gone, replaced or being deleted before its finalizer");
+            Ok(false)
+        }
+        Err(e) => Err(Error::kube("add the finalizer of statefulset", &set.name)(
+            e,
+        )),
+    }
+}
+
+/// Removes our finalizer: the set's list without it, guarded by the resourceVersion it was read at
+/// (a compare-and-swap: a finalizer added meanwhile is never dropped). `Ok(false)`: it raced a
+/// change.
+async fn remove_finalizer(
     client: &Client,
     set: &SetFacts,
     finalizers: &[String],
     resource_version: &str,
-    adding: bool,
     status: Option<&Write>,
 ) -> Result<bool> {
     let api: Api<StatefulSet> = Api::namespaced(client.clone(), &set.namespace);
-    // The resourceVersion makes this a compare-and-swap: a concurrent change is a 409.
     let mut patch =
         json!({"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}});
     if let Some(write) = status {
@@ -40,18 +71,37 @@ pub async fn set_finalizers(
         .patch(&set.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => {}
+        Ok(_) => Ok(true),
         // Our cache was behind; the newer set is on its way through the watch and brings
         // another pass, which decides again. Not a failure worth an error backoff.
         Err(e) if is_status(&e, &[code::CONFLICT]) => {
             debug!(set = %set.name, namespace = %set.namespace, "finalizer patch raced a change; the next pass retries");
-            return Ok(false);
+            Ok(false)
         }
-        Err(e) => return Err(Error::kube("patch finalizers of statefulset", &set.name)(e)),
+        Err(e) => Err(Error::kube("patch finalizers of statefulset", &set.name)(e)),
     }
-    let verb = if adding { "added" } else { "removed" };
-    info!(set = %set.name, namespace = %set.namespace, "{verb} finalizer {}", naming::FINALIZER);
-    Ok(true)
+}
+
+/// Adds or removes our finalizer (see [`add_finalizer`] and [`remove_finalizer`]), with the
+/// status annotations when `status` rides along. Whether the patch was applied.
+pub async fn set_finalizers(
+    client: &Client,
+    set: &SetFacts,
+    finalizers: &[String],
+    resource_version: &str,
+    adding: bool,
+    status: Option<&Write>,
+) -> Result<bool> {
+    let written = if adding {
+        add_finalizer(client, set, status).await?
+    } else {
+        remove_finalizer(client, set, finalizers, resource_version, status).await?
+    };
+    if written {
+        let verb = if adding { "added" } else { "removed" };
+        info!(set = %set.name, namespace = %set.namespace, "{verb} finalizer {}", naming::FINALIZER);
+    }
+    Ok(written)
 }
 
 /// Leaves the deletion mark on the set (merge patch guarded by its UID: a set of that name

@@ -328,20 +328,48 @@ async fn a_process_that_may_not_write_sends_nothing() {
 }
 
 #[tokio::test]
-async fn the_finalizer_patch_is_guarded_by_the_resource_version() {
-    let step = Step::SetFinalizers {
-        finalizers: vec![naming::FINALIZER.into()],
+async fn the_finalizer_is_added_by_a_merge_and_removed_by_a_compare_and_swap() {
+    let add = Step::SetFinalizers {
+        finalizers: vec!["other.example/keep".into(), naming::FINALIZER.into()],
         resource_version: "7".into(),
         adding: true,
     };
-    let (result, _, log) = run(vec![step.clone()], |_| (200, json!({}))).await;
+    let (result, _, log) = run(vec![add.clone()], |_| (200, json!({}))).await;
     assert!(result.is_ok());
-    let sent = log.writes_and_reads();
     assert_eq!(log.lines(), [format!("PATCH {SET_PATH}")]);
-    assert_eq!(sent[0].body["metadata"]["resourceVersion"], "7");
-    assert_eq!(sent[0].body["metadata"]["finalizers"][0], naming::FINALIZER);
+    let sent = &log.writes_and_reads()[0];
+    // A merge of our finalizer alone: another's cannot be lost, and kcm's status writes
+    // meanwhile cannot make it a 409.
+    assert_eq!(sent.content_type, "application/strategic-merge-patch+json");
+    assert_eq!(
+        sent.body["metadata"]["finalizers"],
+        json!([naming::FINALIZER])
+    );
+    assert_eq!(sent.body["metadata"]["uid"], web(None).uid);
+    assert!(sent.body["metadata"].get("resourceVersion").is_none());
+    for code in [404, 409, 422] {
+        let (result, _, _) = run(vec![add.clone()], move |_| {
+            mock_api::status(code, "Refused", "gone, replaced or being deleted")
+        })
+        .await;
+        assert!(result.is_ok(), "{code}: the watch brings the next pass");
+    }
 
-    let (result, _, _) = run(vec![step], |_| mock_api::status(409, "Conflict", "x")).await;
+    let remove = Step::SetFinalizers {
+        finalizers: vec!["other.example/keep".into()],
+        resource_version: "7".into(),
+        adding: false,
+    };
+    let (result, _, log) = run(vec![remove.clone()], |_| (200, json!({}))).await;
+    assert!(result.is_ok());
+    let sent = &log.writes_and_reads()[0];
+    assert_eq!(sent.content_type, "application/merge-patch+json");
+    assert_eq!(sent.body["metadata"]["resourceVersion"], "7");
+    assert_eq!(
+        sent.body["metadata"]["finalizers"],
+        json!(["other.example/keep"])
+    );
+    let (result, _, _) = run(vec![remove], |_| mock_api::status(409, "Conflict", "x")).await;
     assert!(
         result.is_ok(),
         "a stale cache is not an error; the watch brings the next pass"

@@ -45,9 +45,10 @@ pub enum Confirm {
 /// One write of a plan (or an Event to publish).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
-    /// Replace the set's finalizer list, guarded by its resourceVersion.
+    /// Add our finalizer (a merge into the list, UID-guarded) or remove it (the whole new list,
+    /// guarded by the resourceVersion it was read at).
     SetFinalizers {
-        /// The whole new list.
+        /// The whole new list (what the set carries after the write).
         finalizers: Vec<String>,
         /// The resourceVersion the list was read at.
         resource_version: String,

@@ -308,6 +308,41 @@ async fn a_set_gone_or_replaced_on_the_live_read_gets_no_writes() {
 }
 
 #[tokio::test]
+async fn a_pass_decides_on_the_set_as_the_cache_holds_it_when_the_pass_runs() {
+    // Woken with the set as it was before the finalizer was added (and before kcm's status
+    // writes since); by the time the pass has a slot, the cache holds the newer set.
+    let mut woken = web(1, false);
+    woken["metadata"]["finalizers"] = json!([]);
+    woken["metadata"]["resourceVersion"] = json!("5");
+    woken["metadata"]["annotations"][naming::STATUS_ANNOTATION] = json!("Idle");
+    let newest: StatefulSet = object(web(1, false));
+    let (ctx, log) = context(&newest, vec![stateful_pod()], server(Some(web(1, false))));
+    let result = ctx.pass(&object(woken)).await;
+    assert!(result.is_ok(), "{result:?}");
+    // The newest set has its finalizer and says `CleaningUp`: no finalizer patch, no status write
+    // (the orphaned ordinal 1 gets its cleanup pod and record all the same).
+    let set_patches: Vec<Sent> = log
+        .writes_and_reads()
+        .into_iter()
+        .filter(|s| s.method == "PATCH" && s.path == SET_PATH)
+        .collect();
+    assert!(!set_patches.is_empty(), "{:?}", log.lines());
+    for patch in &set_patches {
+        let body = patch.body.to_string();
+        assert!(!body.contains(naming::FINALIZER), "{body}");
+        assert!(!body.contains("Idle"), "{body}");
+    }
+
+    // Gone from the cache by then: its deletion is seen, nothing is read or written.
+    let (ctx, log) = context(&newest, vec![stateful_pod()], server(None));
+    let mut other = web(1, false);
+    other["metadata"]["name"] = json!("db");
+    let result = ctx.pass(&object(other)).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert!(log.all().is_empty(), "{:?}", log.lines());
+}
+
+#[tokio::test]
 async fn a_forged_succeeded_pod_deletes_nothing_and_is_reported() {
     let pods = vec![stateful_pod(), succeeded_cleanup("uid-forged")];
     let (result, log) = pass(web(1, false), pods, Some(web(1, false))).await;
