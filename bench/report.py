@@ -493,6 +493,30 @@ WAIT_HISTOGRAMS = [
 LIST_KINDS = ("claims", "pods", "statefulsets")
 
 
+# The last finite bucket bound of the controller's histograms, for results written before the
+# bench recorded it (`last_bound`): `wait_buckets` reached 65,536 ms from their start (`3d09754`)
+# to `3cd001f`, the callers' buckets 1,024.
+OLD_LAST_BOUND = {"scaledown_namespace_list_callers": 1024.0}
+OLD_WAIT_BOUND_MS = 65536.0
+
+
+def last_bound(key, series):
+    """The largest finite bucket bound of a histogram: a quantile at or above it lies in the open
+    top bucket, so it is only known to be above."""
+    if series.get("last_bound") is not None:
+        return series["last_bound"]
+    return OLD_LAST_BOUND.get(key, OLD_WAIT_BOUND_MS if series.get("unit") == "ms" else None)
+
+
+def hq(key, series, which, fmt=None):
+    """A quantile of a histogram as text, "> bound" when it lies in the open top bucket."""
+    fmt = fmt or ms_unit
+    value, bound = series[which], last_bound(key, series)
+    if value is not None and bound is not None and value >= bound:
+        return f"> {fmt(bound)}"
+    return fmt(value)
+
+
 def wait_lines(run):
     """Where a pass of the controller waited during the scale-down, from its histograms (the
     results since issue 25 carry them; quantiles interpolated within Prometheus buckets)."""
@@ -501,22 +525,25 @@ def wait_lines(run):
     if not h:
         return []
 
-    def q(series):
-        return f"p50 {ms_unit(series['p50'])}, p99 {ms_unit(series['p99'])}"
+    def q(key, series):
+        return f"p50 {hq(key, series, 'p50')}, p99 {hq(key, series, 'p99')}"
 
     parts = []
     for label, key, what in WAIT_HISTOGRAMS:
         series = h.get(key)
         if series and series["count"]:
-            parts.append(f"{label} {q(series)} ({int(series['count'])} {what})")
-    kinds = [(k, h.get(f'scaledown_namespace_list_duration_seconds{{kind="{k}"}}')) for k in LIST_KINDS]
-    kinds = [f"{k} {q(v)}" for k, v in kinds if v and v["count"]]
+            parts.append(f"{label} {q(key, series)} ({int(series['count'])} {what})")
+    kinds = [f'scaledown_namespace_list_duration_seconds{{kind="{k}"}}' for k in LIST_KINDS]
+    kinds = [(k, key, h.get(key)) for k, key in zip(LIST_KINDS, kinds)]
+    kinds = [f"{k} {q(key, v)}" for k, key, v in kinds if v and v["count"]]
     if kinds:
         parts.append("by kind: " + ", ".join(kinds))
-    callers = h.get("scaledown_namespace_list_callers")
+    key = "scaledown_namespace_list_callers"
+    callers = h.get(key)
     if callers and callers["count"]:
-        parts.append(f"passes served per list: mean {num(callers['mean'], 1)}, p50 {num(callers['p50'], 0)}, "
-                     f"p99 {num(callers['p99'], 0)}")
+        whole = lambda v: num(v, 0)
+        parts.append(f"passes served per list: mean {num(callers['mean'], 1)}, "
+                     f"p50 {hq(key, callers, 'p50', whole)}, p99 {hq(key, callers, 'p99', whole)}")
     if not parts:
         return []
     return ["- The controller's waits during the scale-down (its histograms, quantiles within buckets): "
@@ -845,7 +872,8 @@ def why_created(run):
     slot = histogram(run, "scaledown_pass_start_wait_seconds")
     if not slot:
         return None
-    return f"a pass waited for a slot p99 {ms_unit(slot['p99'])} ({int(slot['count'])} passes in the window)"
+    key = "scaledown_pass_start_wait_seconds"
+    return f"a pass waited for a slot p99 {hq(key, slot, 'p99')} ({int(slot['count'])} passes in the window)"
 
 
 def why_deletion(run):
@@ -854,7 +882,9 @@ def why_deletion(run):
     took = histogram(run, 'scaledown_namespace_list_duration_seconds{kind="all"}')
     if not wait or not took:
         return None
-    return (f"the wait for a live list of the namespace p99 {ms_unit(wait['p99'])}, one list p99 {ms_unit(took['p99'])} "
+    waited = hq("scaledown_namespace_list_wait_seconds", wait, "p99")
+    one = hq('scaledown_namespace_list_duration_seconds{kind="all"}', took, "p99")
+    return (f"the wait for a live list of the namespace p99 {waited}, one list p99 {one} "
             f"({int(took['count'])} lists for {int(wait['count'])} asks)")
 
 

@@ -53,9 +53,10 @@ pub struct ListLabels {
 /// The kinds of [`ListLabels`].
 pub const LIST_KINDS: [&str; 4] = ["claims", "pods", "statefulsets", "all"];
 
-/// Buckets of the waits before a pass or for a shared read: 1 ms doubling to 65 s.
+/// Buckets of the waits before a pass or for a shared read: 1 ms doubling to 524 s (at 5,000
+/// sets scaled down at once, the slowest waits passed a minute).
 fn wait_buckets() -> Histogram {
-    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+    Histogram::new(exponential_buckets(0.001, 2.0, 20))
 }
 
 /// The outcome of a scrub: `succeeded` or `failed`.

@@ -266,7 +266,7 @@ pub fn self_test() -> Result<usize, String> {
         scaledown_reconciles_total{controller=\"scaledown\"} 3\n";
     let json = histograms_json(&latency_histograms(text));
     let wait = &json["scaledown_pass_start_wait_seconds"];
-    let checks: [(bool, &str); 7] = [
+    let checks: [(bool, &str); 8] = [
         (wait["count"] == 10.0, "count read"),
         (wait["mean"] == 260.0, "mean in ms"),
         (
@@ -277,6 +277,10 @@ pub fn self_test() -> Result<usize, String> {
         (
             wait["p99"] == 1000.0,
             "a quantile in +Inf is the last finite bound",
+        ),
+        (
+            wait["last_bound"] == 1000.0,
+            "the last finite bound is recorded, in ms",
         ),
         (
             json.get("scaledown_reconciles_total").is_none(),
@@ -297,8 +301,8 @@ pub fn self_test() -> Result<usize, String> {
 
 /// One histogram from the samples of [`latency_histograms`] (a window: the delta of two), per
 /// series (`family` or `family{label="x"}` without `le`): count, mean, and p50/p90/p99 by linear
-/// interpolation in the bucket that holds them (bounded by the last finite bucket). Waits and
-/// durations in ms, counts as they are.
+/// interpolation in the bucket that holds them (bounded by the last finite bucket, `last_bound`:
+/// a quantile there is only known to be above it). Waits and durations in ms, counts as they are.
 pub fn histograms_json(samples: &BTreeMap<String, f64>) -> Value {
     // series -> (buckets (le, cumulative count), sum, count)
     type Series = (Vec<(f64, f64)>, f64, f64);
@@ -345,6 +349,11 @@ pub fn histograms_json(samples: &BTreeMap<String, f64>) -> Value {
         buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
         let scale = if id.contains("_seconds") { 1000.0 } else { 1.0 };
         let q = |q: f64| quantile(&buckets, count, q).map(|x| round3(x * scale));
+        let last_bound = buckets
+            .iter()
+            .rev()
+            .find(|(le, _)| le.is_finite())
+            .map(|(le, _)| round3(le * scale));
         out.insert(
             id,
             json!({
@@ -353,6 +362,8 @@ pub fn histograms_json(samples: &BTreeMap<String, f64>) -> Value {
                 "p50": q(0.5),
                 "p90": q(0.9),
                 "p99": q(0.99),
+                // A quantile at this bound lies in the open top bucket: only known to be above.
+                "last_bound": last_bound,
                 "unit": if scale > 1.0 { "ms" } else { "count" },
             }),
         );
