@@ -98,23 +98,26 @@ impl Context {
         }
     }
 
-    /// One pass: observe and decide (on a live read where the plan needs one), let the creates
-    /// through the memories, act, report what was done (also when a step failed), and say when
-    /// to look again.
+    /// One pass, once the caches are ready and this process leads, over the set as the cache
+    /// holds it when the pass runs: the pass may have waited for a slot for a minute since a
+    /// watch event woke it (thousands of sets changing at once), and decided on the copy it was
+    /// woken with it would plan writes the cache already shows done (a finalizer added since) and
+    /// test values the set no longer carries. Gone from the cache: its deletion is seen.
     async fn pass(&self, woken: &StatefulSet) -> Result<Action> {
         self.stores.ready().await?;
         if !self.leadership.may_write() {
             // A standby only keeps its caches warm; it looks at every set when it becomes leader.
             return Ok(Action::await_change());
         }
-        // The set as the cache holds it now: the pass may have waited for a slot for a minute
-        // since it was woken (thousands of sets changing at once), and decided on the set it was
-        // woken with it would plan writes the cache already shows done (a finalizer added since)
-        // and test values the set no longer carries. Gone from the cache: its deletion is seen.
-        let Some(set) = self.stores.sets.get(&ObjectRef::from_obj(woken)) else {
-            return Ok(Action::await_change());
-        };
-        let set = set.as_ref();
+        match self.stores.newest(woken) {
+            Some(set) => self.pass_over(&set).await,
+            None => Ok(Action::await_change()),
+        }
+    }
+
+    /// Observe and decide (on a live read where the plan needs one), let the creates through the
+    /// memories, act, report what was done (also when a step failed), and say when to look again.
+    async fn pass_over(&self, set: &StatefulSet) -> Result<Action> {
         let recalled = self.memories().recall(set);
         let cached = self.observe_cached(set, &recalled);
         let plan = decide(&cached, &self.policy);

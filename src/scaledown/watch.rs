@@ -94,6 +94,12 @@ pub struct Slice {
 }
 
 impl Stores {
+    /// The set named like `woken` as the cache holds it now (a pass may start long after the
+    /// watch event that woke it); `None` once the cache has seen it deleted.
+    pub fn newest(&self, woken: &StatefulSet) -> Option<Arc<StatefulSet>> {
+        self.sets.get(&ObjectRef::from_obj(woken))
+    }
+
     /// Waits until every cache has its first full list.
     pub async fn ready(&self) -> Result<(), crate::error::Error> {
         caches::sets_ready(&self.sets).await?;
