@@ -21,6 +21,14 @@ use crate::scaledown::decide::status::Write;
 use crate::scaledown::decide::{Propagation, mark_value};
 use crate::scaledown::observe::{Record, SetFacts};
 
+/// Patch parameters naming our field manager (managed fields show the controller's writes).
+fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    }
+}
+
 /// Adds our finalizer: a strategic merge of the finalizer list (its merge key is the value), so no
 /// resourceVersion is needed to keep another's finalizer, and kube-controller-manager's status
 /// writes, which come by the thousand when thousands of sets change at once, never make it a 409.
@@ -32,10 +40,7 @@ async fn add_finalizer(client: &Client, set: &SetFacts, status: Option<&Write>) 
     if let Some(write) = status {
         patch["metadata"]["annotations"] = status_merge(write);
     }
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..Default::default()
-    };
+    let params = patch_params();
     match api
         .patch(&set.name, &params, &Patch::Strategic(&patch))
         .await
@@ -117,10 +122,7 @@ pub async fn mark_deletion(
         "uid": set.uid,
         "annotations": {naming::DELETION_ANNOTATION: value},
     }});
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..Default::default()
-    };
+    let params = patch_params();
     match api.patch(&set.name, &params, &Patch::Merge(&patch)).await {
         Ok(_) => {
             info!(set = %set.name, namespace = %set.namespace, mark = %value, "marked the deletion's propagation");
@@ -188,10 +190,7 @@ pub async fn swap(
     live: &SetFacts,
     ops: &[serde_json::Value],
 ) -> Result<std::result::Result<StatefulSet, kube::Error>> {
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..Default::default()
-    };
+    let params = patch_params();
     let request =
         apijson::patch_request::<StatefulSet>(Some(&live.namespace), &live.name, &ops, &params)?;
     Ok(client.request::<StatefulSet>(request).await)
@@ -205,10 +204,7 @@ pub async fn release(client: &Client, ns: &str, name: &str, uid: &str) -> Result
         "metadata": {"uid": uid},
         "spec": {"schedulingGates": [{"$patch": "delete", "name": naming::CONFIRM_GATE}]}
     });
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..Default::default()
-    };
+    let params = patch_params();
     match pods.patch(name, &params, &Patch::Strategic(&patch)).await {
         Ok(_) => Ok(true),
         Err(e) if is_status(&e, &[code::NOT_FOUND, code::CONFLICT]) => {
@@ -230,10 +226,7 @@ pub async fn status(client: &Client, set: &SetFacts, write: &Write) -> Result<bo
         json!({"op": "test", "path": status_path, "value": carried}),
     ];
     ops.extend(status_ops(write));
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..Default::default()
-    };
+    let params = patch_params();
     let request =
         apijson::patch_request::<StatefulSet>(Some(&set.namespace), &set.name, &ops, &params)?;
     match client.request::<StatefulSet>(request).await {
