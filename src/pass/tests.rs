@@ -68,10 +68,10 @@ async fn a_failing_object_waits_out_its_backoff_whatever_wakes_it() {
         Err::<Action, _>(forbidden())
     };
     let a = pv("a");
-    assert!(runner.run(&a, failing()).await.is_err());
+    assert!(runner.run(&a, failing).await.is_err());
     // Woken ten times within the first second: no pass runs, each is told how long to wait.
     for _ in 0..10 {
-        let woken = runner.run(&a, failing()).await.expect("waits");
+        let woken = runner.run(&a, failing).await.expect("waits");
         assert!(
             woken == Action::requeue(Duration::from_secs(1)),
             "{woken:?}"
@@ -83,10 +83,10 @@ async fn a_failing_object_waits_out_its_backoff_whatever_wakes_it() {
         Action::requeue(Duration::from_secs(1))
     );
     // Another object is not held back by it.
-    assert!(runner.run(&pv("b"), failing()).await.is_err());
+    assert!(runner.run(&pv("b"), failing).await.is_err());
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     tokio::time::advance(Duration::from_millis(1001)).await;
-    assert!(runner.run(&a, failing()).await.is_err());
+    assert!(runner.run(&a, failing).await.is_err());
     assert_eq!(calls.load(Ordering::SeqCst), 3);
     // The second failure in a row doubles the wait.
     assert_eq!(
@@ -110,7 +110,7 @@ async fn a_woken_pass_counts_its_wait_from_the_first_wake_or_the_end_of_the_pass
     let key = ObjectRef::from_obj(&a);
     // Not woken by a watch event (a requeue): nothing is observed.
     runner
-        .run(&a, async { Ok(Action::await_change()) })
+        .run(&a, || async { Ok(Action::await_change()) })
         .await
         .expect("ok");
     assert_eq!(
@@ -133,7 +133,7 @@ async fn a_woken_pass_counts_its_wait_from_the_first_wake_or_the_end_of_the_pass
         tokio::time::advance(Duration::from_secs(4)).await;
         Ok(Action::await_change())
     };
-    runner.run(&a, during).await.expect("ok");
+    runner.run(&a, || during).await.expect("ok");
     assert_eq!(
         start_waits(&metrics),
         (
@@ -144,7 +144,7 @@ async fn a_woken_pass_counts_its_wait_from_the_first_wake_or_the_end_of_the_pass
     assert_eq!(runner.woken(), 1, "woken during its pass: due now");
     tokio::time::advance(Duration::from_millis(500)).await;
     runner
-        .run(&a, async { Ok(Action::await_change()) })
+        .run(&a, || async { Ok(Action::await_change()) })
         .await
         .expect("ok");
     assert_eq!(
@@ -179,11 +179,13 @@ async fn a_good_pass_forgets_the_failures() {
     let (runner, _, _) = runner();
     let a = pv("a");
     let _ = runner
-        .run(&a, async { Err::<Action, _>(forbidden()) })
+        .run(&a, || async { Err::<Action, _>(forbidden()) })
         .await;
     assert_eq!(runner.failing(), 1);
     tokio::time::advance(Duration::from_secs(2)).await;
-    let ok = runner.run(&a, async { Ok(Action::await_change()) }).await;
+    let ok = runner
+        .run(&a, || async { Ok(Action::await_change()) })
+        .await;
     assert!(ok.is_ok());
     assert_eq!(runner.failing(), 0);
 }
@@ -192,12 +194,12 @@ async fn a_good_pass_forgets_the_failures() {
 async fn failures_of_gone_objects_are_forgotten() {
     let (runner, _, _) = runner();
     let _ = runner
-        .run(&pv("gone"), async { Err::<Action, _>(forbidden()) })
+        .run(&pv("gone"), || async { Err::<Action, _>(forbidden()) })
         .await;
     // Long after its wait ended, another failure sweeps the stale entry out.
     tokio::time::advance(Duration::from_secs(601)).await;
     let _ = runner
-        .run(&pv("b"), async { Err::<Action, _>(forbidden()) })
+        .run(&pv("b"), || async { Err::<Action, _>(forbidden()) })
         .await;
     assert_eq!(runner.failing(), 1);
 }
@@ -208,7 +210,7 @@ async fn the_second_failure_in_a_row_is_reported_once_per_answer() {
     let a = pv("a");
     for _ in 0..4 {
         let _ = runner
-            .run(&a, async { Err::<Action, _>(forbidden()) })
+            .run(&a, || async { Err::<Action, _>(forbidden()) })
             .await;
         tokio::time::advance(Duration::from_secs(301)).await;
     }
@@ -251,7 +253,7 @@ async fn idle_waits_for_the_running_passes() {
         async move {
             let a = pv("a");
             runner
-                .run(&a, async move {
+                .run(&a, || async move {
                     let _ = held.await;
                     Ok(Action::await_change())
                 })
@@ -283,7 +285,7 @@ async fn a_pass_parked_on_a_shared_read_gives_its_slot_back() {
                 order.lock().expect("order").push("a after its read");
                 Ok(Action::await_change())
             };
-            runner.run(&pv("a"), pass).await
+            runner.run(&pv("a"), || pass).await
         })
     };
     parked_now.await.expect("a parks");
@@ -292,7 +294,7 @@ async fn a_pass_parked_on_a_shared_read_gives_its_slot_back() {
         order.lock().expect("order").push("b");
         Ok(Action::await_change())
     };
-    tokio::time::timeout(Duration::from_secs(5), runner.run(&pv("b"), b))
+    tokio::time::timeout(Duration::from_secs(5), runner.run(&pv("b"), || b))
         .await
         .expect("b is not held back by the parked pass")
         .expect("b ran");
@@ -315,7 +317,7 @@ async fn a_pass_that_does_not_park_keeps_its_slot() {
                 gate.await.expect("opens");
                 Ok(Action::await_change())
             };
-            runner.run(&pv("a"), pass).await
+            runner.run(&pv("a"), || pass).await
         })
     };
     started.await.expect("a runs");
@@ -323,7 +325,7 @@ async fn a_pass_that_does_not_park_keeps_its_slot() {
         let runner = runner.clone();
         async move {
             runner
-                .run(&pv("b"), async { Ok(Action::await_change()) })
+                .run(&pv("b"), || async { Ok(Action::await_change()) })
                 .await
         }
     });

@@ -171,8 +171,7 @@ impl Context {
 
 /// The reconciler handed to kube's Controller.
 pub async fn reconcile(claim: Arc<Claim>, ctx: Arc<Context>) -> Result<Action> {
-    let pass = ctx.pass(&claim);
-    ctx.runner.run(&claim, pass).await
+    ctx.runner.run(&claim, || ctx.pass(&claim)).await
 }
 
 /// The error policy handed to kube's Controller: look again when the backoff is over.

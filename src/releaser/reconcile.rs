@@ -117,8 +117,7 @@ impl Context {
 
 /// The reconciler handed to kube's Controller.
 pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action> {
-    let pass = ctx.pass(&pv);
-    ctx.runner.run(&pv, pass).await
+    ctx.runner.run(&pv, || ctx.pass(&pv)).await
 }
 
 /// The error policy handed to kube's Controller: look again when the backoff is over.

@@ -499,8 +499,7 @@ fn log_decided(observed: &Observed, plan: &Plan) {
 /// in the runner, whatever wakes it (its own pods' watch events would otherwise start a pass at
 /// once), so a failure that repeats can never turn into a loop of creates.
 pub async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action> {
-    let pass = ctx.pass(&set);
-    ctx.runner.run(&set, pass).await
+    ctx.runner.run(&set, || ctx.pass(&set)).await
 }
 
 /// Requeues a set after a failed pass at the end of its backoff.
