@@ -168,6 +168,7 @@ impl Actor {
         if status.is_some() {
             done.status = Some(written);
         }
+        done.finalizer_added = *adding && written;
         Ok(())
     }
 

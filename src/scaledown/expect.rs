@@ -18,18 +18,25 @@
 //! a cleanup that always fails would never reach its retry limit. Until the claim cache shows a
 //! mark of ours (or the claim gone, replaced or being deleted), the claim is shown to observe with
 //! the mark we wrote.
+//!
+//! And for our finalizer: a set gets it in its first pass, and a pass that runs before the set
+//! watch shows that write (at start, 1,000 sets and their pods wake a pass each within seconds)
+//! would send it again, a no-op the API server still has to answer. Until the set cache shows
+//! the finalizer (or the set replaced, or [`EXPECTATION_TTL`] is over), a pass sees the set with
+//! the finalizer we added.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 
 use crate::caches::Claim;
-use crate::naming::NEXT_ATTEMPT_ANNOTATION;
+use crate::naming::{FINALIZER, NEXT_ATTEMPT_ANNOTATION};
 use crate::scaledown::watch::Slice;
 
 /// An object a delete of ours removed (or found gone), by kind, name and UID.
@@ -83,6 +90,8 @@ pub struct Expectations {
     gone: HashMap<String, GoneIn>,
     /// (namespace, claim) -> the mark we wrote.
     marks: HashMap<(String, String), Marked>,
+    /// (namespace, set) -> the UID of the set we added our finalizer to, and when.
+    finalized: HashMap<(String, String), (String, Instant)>,
 }
 
 /// A next-attempt mark this process wrote on a claim (`attempt: None`: the mark removed).
@@ -139,6 +148,40 @@ impl Expectations {
         }
     }
 
+    /// Records that this process added its finalizer to the set `name` (UID `uid`) of `ns`.
+    pub fn finalizer_added(&mut self, ns: &str, name: &str, uid: &str, now: Instant) {
+        let key = (ns.to_string(), name.to_string());
+        self.finalized.insert(key, (uid.to_string(), now));
+    }
+
+    /// `set` as the cache holds it, or a copy with our finalizer when this process added it and
+    /// the cache does not show it yet. An add the cache shows (or whose set was replaced, or that
+    /// is older than [`EXPECTATION_TTL`]) is forgotten: a later removal by anyone is seen.
+    pub fn with_finalizer(&mut self, set: Arc<StatefulSet>, now: Instant) -> Arc<StatefulSet> {
+        let meta = set.meta();
+        let key = (
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
+        );
+        let Some((uid, at)) = self.finalized.get(&key) else {
+            return set;
+        };
+        let shown = meta.finalizers.iter().flatten().any(|f| f == FINALIZER);
+        let pending = !shown
+            && meta.uid.as_deref() == Some(uid.as_str())
+            && now.saturating_duration_since(*at) < EXPECTATION_TTL;
+        if !pending {
+            self.finalized.remove(&key);
+            return set;
+        }
+        let mut copy = StatefulSet::clone(&set);
+        copy.meta_mut()
+            .finalizers
+            .get_or_insert_with(Vec::new)
+            .push(FINALIZER.to_string());
+        Arc::new(copy)
+    }
+
     /// Forgets the deletes older than [`EXPECTATION_TTL`], and the marks the claim cache shows by
     /// now (`shows`: what the cache holds under that kind, namespace and name) or that are older.
     pub fn forget_seen(
@@ -151,6 +194,7 @@ impl Expectations {
             of_ns.retain(|_, (_, at)| young(at));
             !of_ns.is_empty()
         });
+        self.finalized.retain(|_, (_, at)| young(at));
         self.marks.retain(|(ns, claim), m| {
             let pending = match shows(GoneKind::Claim, ns, claim) {
                 Some(shown) => {
@@ -181,14 +225,16 @@ impl Expectations {
             .map(|m| m.attempt)
     }
 
-    /// How many deletes and marks are expected.
+    /// How many deletes, marks and finalizer adds are expected.
     pub fn len(&self) -> usize {
-        self.gone.values().map(HashMap::len).sum::<usize>() + self.marks.len()
+        self.gone.values().map(HashMap::len).sum::<usize>()
+            + self.marks.len()
+            + self.finalized.len()
     }
 
     /// Whether none is.
     pub fn is_empty(&self) -> bool {
-        self.gone.is_empty() && self.marks.is_empty()
+        self.gone.is_empty() && self.marks.is_empty() && self.finalized.is_empty()
     }
 
     /// `slice` (of namespace `ns`) with every object we deleted and the cache still shows as
@@ -457,5 +503,74 @@ mod tests {
         assert_eq!(e.pending_mark("ns", "lagging", "a"), Some(Some(3)));
         e.forget_seen(now + EXPECTATION_TTL, cache);
         assert!(e.is_empty(), "forgotten after the TTL");
+    }
+
+    fn set(uid: &str, finalizers: &[&str]) -> Arc<StatefulSet> {
+        Arc::new(StatefulSet {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("ns".into()),
+                uid: Some(uid.into()),
+                finalizers: Some(finalizers.iter().map(|f| f.to_string()).collect()),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    }
+
+    fn finalized(set: &StatefulSet) -> bool {
+        set.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == FINALIZER)
+    }
+
+    #[test]
+    fn a_set_we_added_our_finalizer_to_carries_it_until_the_cache_shows_it() {
+        let mut e = Expectations::default();
+        let now = Instant::now();
+        let cached = set("uid-web", &["other"]);
+        assert!(
+            !finalized(&e.with_finalizer(cached.clone(), now)),
+            "nothing added yet"
+        );
+        e.finalizer_added("ns", "web", "uid-web", now);
+        let seen = e.with_finalizer(cached.clone(), now + Duration::from_secs(2));
+        assert!(finalized(&seen), "the cache lags our add");
+        assert_eq!(
+            seen.metadata.finalizers.as_ref().map(Vec::len),
+            Some(2),
+            "others' kept"
+        );
+        assert!(!finalized(&cached), "the cache's copy is left alone");
+        assert!(
+            !finalized(&e.with_finalizer(set("uid-new", &[]), now)),
+            "a set replaced under the name has no finalizer of ours"
+        );
+        assert!(e.is_empty(), "and the add is forgotten");
+    }
+
+    #[test]
+    fn a_finalizer_add_is_forgotten_once_the_cache_shows_it_or_the_ttl_is_over() {
+        let mut e = Expectations::default();
+        let now = Instant::now();
+        e.finalizer_added("ns", "web", "uid-web", now);
+        e.with_finalizer(set("uid-web", &[FINALIZER]), now);
+        assert!(e.is_empty(), "shown by the cache");
+        let removed = e.with_finalizer(set("uid-web", &[]), now);
+        assert!(
+            !finalized(&removed),
+            "a removal after the cache showed it is seen"
+        );
+        e.finalizer_added("ns", "web", "uid-web", now);
+        let late = now + EXPECTATION_TTL;
+        assert!(
+            !finalized(&e.with_finalizer(set("uid-web", &[]), late)),
+            "too old"
+        );
+        e.finalizer_added("ns", "web", "uid-web", now);
+        e.forget_seen(late, |_, _, _| None);
+        assert!(e.is_empty(), "old adds are pruned with the deletes");
     }
 }

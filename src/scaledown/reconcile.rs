@@ -102,7 +102,8 @@ impl Context {
     /// holds it when the pass runs: the pass may have waited for a slot for a minute since a
     /// watch event woke it (thousands of sets changing at once), and decided on the copy it was
     /// woken with it would plan writes the cache already shows done (a finalizer added since) and
-    /// test values the set no longer carries. Gone from the cache: its deletion is seen.
+    /// test values the set no longer carries. Gone from the cache: its deletion is seen. Our
+    /// finalizer, added by an earlier pass and not in the cache yet, is on it (`expect`).
     async fn pass(&self, woken: &StatefulSet) -> Result<Action> {
         self.stores.ready().await?;
         if !self.leadership.may_write() {
@@ -110,7 +111,7 @@ impl Context {
             return Ok(Action::await_change());
         }
         match self.stores.newest(woken) {
-            Some(set) => self.pass_over(&set).await,
+            Some(set) => self.pass_over(&self.with_finalizer(set)).await,
             None => Ok(Action::await_change()),
         }
     }
@@ -157,7 +158,7 @@ impl Context {
         let executed = self.actor.execute(&observed.set, plan, done).await;
         self.memories()
             .remember(set, observed, done, reserved, &self.stores.sets);
-        self.expect_unseen(&observed.set.namespace, done);
+        self.expect_unseen(&observed.set, done);
         // Pods created before a failed step are settled all the same.
         let status = plan.status.as_ref().map(|c| &c.write);
         let unsent = status.filter(|_| done.status.is_none());
@@ -385,8 +386,16 @@ impl Context {
         slice
     }
 
-    /// Records the deletes and claim marks of a pass, and forgets those the caches show by now.
-    fn expect_unseen(&self, ns: &str, done: &Done) {
+    /// `set` with the finalizer this process added and the cache does not show yet (`expect`).
+    fn with_finalizer(&self, set: Arc<StatefulSet>) -> Arc<StatefulSet> {
+        let mut expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
+        expectations.with_finalizer(set, Instant::now())
+    }
+
+    /// Records the deletes, claim marks and finalizer add of a pass, and forgets those the caches
+    /// show by now.
+    fn expect_unseen(&self, set: &SetFacts, done: &Done) {
+        let ns = set.namespace.as_str();
         let mut expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         let (claims, pods, cleanup_pods) = (
@@ -402,6 +411,9 @@ impl Context {
         });
         expectations.deleted(ns, &done.deleted, now);
         expectations.marked(ns, &done.marked, now);
+        if done.finalizer_added {
+            expectations.finalizer_added(ns, &set.name, &set.uid, now);
+        }
     }
 
     fn observe_cached(&self, set: &StatefulSet, recalled: &Recalled) -> Observed {

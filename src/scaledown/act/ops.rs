@@ -48,6 +48,8 @@ pub struct Done {
     pub stale: bool,
     /// The next-attempt marks this plan wrote: the claim cache may not show them yet.
     pub marked: Vec<Mark>,
+    /// This plan added our finalizer to the set: the set cache may not show it yet.
+    pub finalizer_added: bool,
     /// What the pass reports of what was done, in the order it was done: the pass's report
     /// stage sends it after act, also when a step failed midway.
     pub reports: Vec<Report>,
