@@ -168,7 +168,9 @@ impl Actor {
         if status.is_some() {
             done.status = Some(written);
         }
-        done.finalizer_added = *adding && written;
+        if *adding && written {
+            done.finalizer_added = Some(status.map(status_annotations).unwrap_or_default());
+        }
         Ok(())
     }
 
@@ -471,7 +473,7 @@ mod patches;
 #[cfg(test)]
 mod tests;
 
-use ops::{Creation, Deleted, NewPod, core_ref, delete, pod_ref, set_ref};
+use ops::{Creation, Deleted, NewPod, core_ref, delete, pod_ref, set_ref, status_annotations};
 pub use ops::{
     Done, FIELD_MANAGER, Refusal, Report, annotation_path, describe, describe_status, guard_ops,
     record_ops, status_ops,

@@ -19,13 +19,14 @@
 //! mark of ours (or the claim gone, replaced or being deleted), the claim is shown to observe with
 //! the mark we wrote.
 //!
-//! And for our finalizer: a set gets it in its first pass, and a pass that runs before the set
-//! watch shows that write (at start, 1,000 sets and their pods wake a pass each within seconds)
-//! would send it again, a no-op the API server still has to answer. Until the set cache shows
-//! the finalizer (or the set replaced, or [`EXPECTATION_TTL`] is over), a pass sees the set with
-//! the finalizer we added.
+//! And for our finalizer: a set gets it in its first pass, often with its status annotations in
+//! the same patch, and a pass that runs before the set watch shows that write (at start, 1,000
+//! sets and their pods wake a pass each within seconds) would send the finalizer again, or the
+//! status guarded by a test of the old value, which the API server refuses. Until the set cache
+//! shows the finalizer (or the set replaced, or [`EXPECTATION_TTL`] is over), a pass sees the set
+//! with the finalizer and the status annotations we wrote.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -90,8 +91,17 @@ pub struct Expectations {
     gone: HashMap<String, GoneIn>,
     /// (namespace, claim) -> the mark we wrote.
     marks: HashMap<(String, String), Marked>,
-    /// (namespace, set) -> the UID of the set we added our finalizer to, and when.
-    finalized: HashMap<(String, String), (String, Instant)>,
+    /// (namespace, set) -> the finalizer we added to it.
+    finalized: HashMap<(String, String), Finalized>,
+}
+
+/// Our finalizer added to a set: its UID, the status annotations written with it (`None`:
+/// removed), and when.
+#[derive(Debug)]
+struct Finalized {
+    uid: String,
+    annotations: BTreeMap<String, Option<String>>,
+    at: Instant,
 }
 
 /// A next-attempt mark this process wrote on a claim (`attempt: None`: the mark removed).
@@ -148,37 +158,56 @@ impl Expectations {
         }
     }
 
-    /// Records that this process added its finalizer to the set `name` (UID `uid`) of `ns`.
-    pub fn finalizer_added(&mut self, ns: &str, name: &str, uid: &str, now: Instant) {
+    /// Records that this process added its finalizer to the set `name` (UID `uid`) of `ns`, with
+    /// `annotations` in the same patch.
+    pub fn finalizer_added(
+        &mut self,
+        (ns, name, uid): (&str, &str, &str),
+        annotations: BTreeMap<String, Option<String>>,
+        now: Instant,
+    ) {
         let key = (ns.to_string(), name.to_string());
-        self.finalized.insert(key, (uid.to_string(), now));
+        let added = Finalized {
+            uid: uid.to_string(),
+            annotations,
+            at: now,
+        };
+        self.finalized.insert(key, added);
     }
 
-    /// `set` as the cache holds it, or a copy with our finalizer when this process added it and
-    /// the cache does not show it yet. An add the cache shows (or whose set was replaced, or that
-    /// is older than [`EXPECTATION_TTL`]) is forgotten: a later removal by anyone is seen.
+    /// `set` as the cache holds it, or a copy with our finalizer and the annotations written with
+    /// it when this process added it and the cache does not show it yet. An add the cache shows
+    /// (or whose set was replaced, or that is older than [`EXPECTATION_TTL`]) is forgotten: a
+    /// later removal by anyone is seen.
     pub fn with_finalizer(&mut self, set: Arc<StatefulSet>, now: Instant) -> Arc<StatefulSet> {
         let meta = set.meta();
         let key = (
             meta.namespace.clone().unwrap_or_default(),
             meta.name.clone().unwrap_or_default(),
         );
-        let Some((uid, at)) = self.finalized.get(&key) else {
+        let Some(added) = self.finalized.get(&key) else {
             return set;
         };
         let shown = meta.finalizers.iter().flatten().any(|f| f == FINALIZER);
         let pending = !shown
-            && meta.uid.as_deref() == Some(uid.as_str())
-            && now.saturating_duration_since(*at) < EXPECTATION_TTL;
+            && meta.uid.as_deref() == Some(added.uid.as_str())
+            && now.saturating_duration_since(added.at) < EXPECTATION_TTL;
         if !pending {
             self.finalized.remove(&key);
             return set;
         }
         let mut copy = StatefulSet::clone(&set);
-        copy.meta_mut()
-            .finalizers
+        let meta = copy.meta_mut();
+        meta.finalizers
             .get_or_insert_with(Vec::new)
             .push(FINALIZER.to_string());
+        let annotations = meta.annotations.get_or_insert_with(Default::default);
+        for (key, value) in &added.annotations {
+            match value {
+                Some(v) => annotations.insert(key.clone(), v.clone()),
+                None => annotations.remove(key),
+            };
+        }
         Arc::new(copy)
     }
 
@@ -194,7 +223,7 @@ impl Expectations {
             of_ns.retain(|_, (_, at)| young(at));
             !of_ns.is_empty()
         });
-        self.finalized.retain(|_, (_, at)| young(at));
+        self.finalized.retain(|_, added| young(&added.at));
         self.marks.retain(|(ns, claim), m| {
             let pending = match shows(GoneKind::Claim, ns, claim) {
                 Some(shown) => {
@@ -535,7 +564,7 @@ mod tests {
             !finalized(&e.with_finalizer(cached.clone(), now)),
             "nothing added yet"
         );
-        e.finalizer_added("ns", "web", "uid-web", now);
+        e.finalizer_added(("ns", "web", "uid-web"), BTreeMap::new(), now);
         let seen = e.with_finalizer(cached.clone(), now + Duration::from_secs(2));
         assert!(finalized(&seen), "the cache lags our add");
         assert_eq!(
@@ -555,7 +584,7 @@ mod tests {
     fn a_finalizer_add_is_forgotten_once_the_cache_shows_it_or_the_ttl_is_over() {
         let mut e = Expectations::default();
         let now = Instant::now();
-        e.finalizer_added("ns", "web", "uid-web", now);
+        e.finalizer_added(("ns", "web", "uid-web"), BTreeMap::new(), now);
         e.with_finalizer(set("uid-web", &[FINALIZER]), now);
         assert!(e.is_empty(), "shown by the cache");
         let removed = e.with_finalizer(set("uid-web", &[]), now);
@@ -563,13 +592,13 @@ mod tests {
             !finalized(&removed),
             "a removal after the cache showed it is seen"
         );
-        e.finalizer_added("ns", "web", "uid-web", now);
+        e.finalizer_added(("ns", "web", "uid-web"), BTreeMap::new(), now);
         let late = now + EXPECTATION_TTL;
         assert!(
             !finalized(&e.with_finalizer(set("uid-web", &[]), late)),
             "too old"
         );
-        e.finalizer_added("ns", "web", "uid-web", now);
+        e.finalizer_added(("ns", "web", "uid-web"), BTreeMap::new(), now);
         e.forget_seen(late, |_, _, _| None);
         assert!(e.is_empty(), "old adds are pruned with the deletes");
     }

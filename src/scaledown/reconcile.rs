@@ -411,8 +411,9 @@ impl Context {
         });
         expectations.deleted(ns, &done.deleted, now);
         expectations.marked(ns, &done.marked, now);
-        if done.finalizer_added {
-            expectations.finalizer_added(ns, &set.name, &set.uid, now);
+        if let Some(annotations) = &done.finalizer_added {
+            let set = (ns, set.name.as_str(), set.uid.as_str());
+            expectations.finalizer_added(set, annotations.clone(), now);
         }
     }
 

@@ -48,8 +48,9 @@ pub struct Done {
     pub stale: bool,
     /// The next-attempt marks this plan wrote: the claim cache may not show them yet.
     pub marked: Vec<Mark>,
-    /// This plan added our finalizer to the set: the set cache may not show it yet.
-    pub finalizer_added: bool,
+    /// This plan added our finalizer to the set, with the status annotations that rode in the
+    /// same patch (`None`: removed): the set cache may not show them yet.
+    pub finalizer_added: Option<BTreeMap<String, Option<String>>>,
     /// What the pass reports of what was done, in the order it was done: the pass's report
     /// stage sends it after act, also when a step failed midway.
     pub reports: Vec<Report>,
@@ -239,6 +240,15 @@ pub fn status_merge(write: &Write) -> serde_json::Value {
         Write::Remove => (json!(null), json!(null)),
     };
     json!({naming::STATUS_ANNOTATION: status, naming::STATUS_REASON_ANNOTATION: reason})
+}
+
+/// The status annotations a write leaves on the set (`None`: removed).
+pub fn status_annotations(write: &Write) -> BTreeMap<String, Option<String>> {
+    let merge = status_merge(write);
+    let entries = merge.as_object().into_iter().flatten();
+    entries
+        .map(|(key, value)| (key.clone(), value.as_str().map(String::from)))
+        .collect()
 }
 
 /// One line saying what a status write does (for dry-run records and logs).
