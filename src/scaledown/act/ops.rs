@@ -235,20 +235,19 @@ pub fn status_ops(write: &Write) -> Vec<serde_json::Value> {
 
 /// The status annotations as a merge patch's `metadata.annotations` (null removes).
 pub fn status_merge(write: &Write) -> serde_json::Value {
-    let (status, reason) = match write {
-        Write::Set(line) => (json!(line.status.as_str()), json!(line.reason)),
-        Write::Remove => (json!(null), json!(null)),
-    };
-    json!({naming::STATUS_ANNOTATION: status, naming::STATUS_REASON_ANNOTATION: reason})
+    json!(status_annotations(write))
 }
 
 /// The status annotations a write leaves on the set (`None`: removed).
 pub fn status_annotations(write: &Write) -> BTreeMap<String, Option<String>> {
-    let merge = status_merge(write);
-    let entries = merge.as_object().into_iter().flatten();
-    entries
-        .map(|(key, value)| (key.clone(), value.as_str().map(String::from)))
-        .collect()
+    let (status, reason) = match write {
+        Write::Set(line) => (Some(line.status.as_str().to_string()), line.reason.clone()),
+        Write::Remove => (None, None),
+    };
+    BTreeMap::from([
+        (naming::STATUS_ANNOTATION.to_string(), status),
+        (naming::STATUS_REASON_ANNOTATION.to_string(), reason),
+    ])
 }
 
 /// One line saying what a status write does (for dry-run records and logs).
