@@ -3,8 +3,9 @@
 //! change fanned out to every controller that subscribed to that kind.
 //!
 //! What is kept of each object is what its readers read, no more: a StatefulSet without its pod
-//! template (but the scheduling fields a cleanup pod inherits, for the sets that inherit them) and
-//! managed fields ([`prune_set`]); a claim's metadata without managed fields and with only our
+//! template (but the scheduling fields a cleanup pod inherits, for the sets that inherit them),
+//! labels, managed fields, claim templates but their names and status but two fields
+//! ([`prune_set`]); a claim's metadata without managed fields and with only our
 //! annotations ([`prune_claim`]); a pod pruned to what observe reads ([`prune_pod`]) and held
 //! compact, most pods by name only ([`PodCache`]). Claims and pods live in [`Index`]es, so that a
 //! pass finds what it needs by name, name prefix or mounted claim without copying whole caches.
@@ -24,8 +25,9 @@ use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -319,9 +321,10 @@ pub fn prune_pod(pod: &mut Pod) {
     *pod = HeldPod::new(pod).pod();
 }
 
-/// Prunes a StatefulSet to what observe reads: its managed fields, the `kubectl apply` copy of
-/// itself and its pod template (only the claim templates and the annotations are read) are dropped.
-/// With a thousand sets these are most of the cache. As [`prune_set_for`] without
+/// Prunes a StatefulSet to what observe reads: its managed fields, labels, the `kubectl apply` copy
+/// of itself, its pod template, all of its claim templates but their names and all of its status
+/// but `observedGeneration` and `replicas` are dropped. With a thousand sets these are most of the
+/// cache. As [`prune_set_for`] without
 /// `--inherit-scheduling`.
 pub fn prune_set(set: &mut StatefulSet) {
     prune_set_for(set, false);
@@ -350,6 +353,7 @@ pub fn prune_set_for(set: &mut StatefulSet, inherit_scheduling: bool) {
     let keep = inherits_scheduling(set, inherit_scheduling);
     let meta = &mut set.metadata;
     meta.managed_fields = None;
+    meta.labels = None;
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.remove(LAST_APPLIED);
     }
@@ -361,6 +365,28 @@ pub fn prune_set_for(set: &mut StatefulSet, inherit_scheduling: bool) {
                 .map(crate::template::inherit::keep_scheduling)
                 .filter(|kept| *kept != Default::default());
         }
+        for claim in spec.volume_claim_templates.iter_mut().flatten() {
+            *claim = named_only(claim);
+        }
+    }
+    if let Some(status) = set.status.as_mut() {
+        *status = StatefulSetStatus {
+            observed_generation: status.observed_generation,
+            replicas: status.replicas,
+            ..Default::default()
+        };
+    }
+}
+
+/// A claim template as the cache keeps it: its name, the only part anyone reads (every small map
+/// of a template, its labels and requests, would take a 544-byte node of its own).
+fn named_only(claim: &PersistentVolumeClaim) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: claim.metadata.name.clone(),
+            ..Default::default()
+        },
+        ..Default::default()
     }
 }
 

@@ -82,22 +82,48 @@ fn a_pruned_claim_keeps_our_annotations_only() {
 fn a_pruned_set_keeps_what_observe_reads() {
     let mut full: StatefulSet = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "web", "namespace": "ns", "uid": "u", "generation": 2,
+            "labels": {"app": "web", "tier": "db"},
             "annotations": {LAST_APPLIED: "{}", naming::TEMPLATE_ANNOTATION: "{\"spec\":{}}"},
             "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
-        "spec": {"replicas": 2, "serviceName": "web", "selector": {},
+        "spec": {"replicas": 2, "serviceName": "web",
+            "selector": {"matchLabels": {"app": "web"}},
             "template": {"spec": {"containers": [{"name": "app", "image": "app"}]}},
-            "volumeClaimTemplates": [{"metadata": {"name": "data"}}]},
-        "status": {"replicas": 2}
+            "volumeClaimTemplates": [
+                {"metadata": {"name": "data", "labels": {"app": "web"}},
+                 "spec": {"accessModes": ["ReadWriteOnce"],
+                          "resources": {"requests": {"storage": "1Gi"}}},
+                 "status": {"phase": "Pending"}},
+                {"metadata": {"name": "logs"}}]},
+        "status": {"replicas": 2, "observedGeneration": 2, "currentRevision": "web-1",
+            "updateRevision": "web-2", "readyReplicas": 1,
+            "conditions": [{"type": "Ready", "status": "True"}]}
     }))
     .expect("a set");
     let before = observe_facts(&full);
     prune_set(&mut full);
     assert!(full.metadata.managed_fields.is_none());
+    assert!(full.metadata.labels.is_none());
     assert!(!full.annotations().contains_key(LAST_APPLIED));
-    assert_eq!(
-        full.spec.as_ref().map(|s| &s.template),
-        Some(&Default::default())
-    );
+    let spec = full.spec.as_ref().expect("spec");
+    assert_eq!(spec.template, Default::default());
+    let names = [Some("data".to_string()), Some("logs".to_string())];
+    let claims: Vec<_> = names
+        .into_iter()
+        .map(|name| PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name,
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .collect();
+    assert_eq!(spec.volume_claim_templates.as_ref(), Some(&claims));
+    let status = StatefulSetStatus {
+        replicas: 2,
+        observed_generation: Some(2),
+        ..Default::default()
+    };
+    assert_eq!(full.status, Some(status));
     assert_eq!(observe_facts(&full), before, "observe sees the same set");
 }
 
