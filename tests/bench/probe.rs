@@ -39,6 +39,14 @@ pub fn rss_mib(pid: u32) -> Option<f64> {
     proc_status_kb(pid, "VmRSS").map(|kb| kb as f64 / 1024.0)
 }
 
+/// The RSS in its two parts: anonymous (heap, stacks) and file-backed (the binary's code, mapped
+/// from the file), in MiB.
+pub fn rss_parts_mib(pid: u32) -> Option<(f64, f64)> {
+    let anonymous = proc_status_kb(pid, "RssAnon")?;
+    let file = proc_status_kb(pid, "RssFile")?;
+    Some((anonymous as f64 / 1024.0, file as f64 / 1024.0))
+}
+
 /// The peak resident set size (VmHWM) so far.
 pub fn peak_rss_mib(pid: u32) -> Option<f64> {
     proc_status_kb(pid, "VmHWM").map(|kb| kb as f64 / 1024.0)

@@ -34,6 +34,8 @@ pub struct Snapshot {
     pub histograms: BTreeMap<String, f64>,
     pub cpu_s: f64,
     pub rss_mib: f64,
+    /// The RSS's anonymous and file-backed parts, MiB.
+    pub rss_parts_mib: Option<(f64, f64)>,
 }
 
 fn free_port() -> u16 {
@@ -87,6 +89,7 @@ impl UnderTest {
             histograms,
             cpu_s: probe::cpu_seconds(self.pid).unwrap_or(f64::NAN),
             rss_mib: probe::rss_mib(self.pid).unwrap_or(f64::NAN),
+            rss_parts_mib: probe::rss_parts_mib(self.pid),
         }
     }
 
@@ -108,6 +111,8 @@ impl UnderTest {
                 "peak_in_window": round3(self.sampler.max_since(before.at_s).max(after.rss_mib)),
                 "peak_since_start": probe::peak_rss_mib(self.pid).map(round3),
                 "after": round3(after.rss_mib),
+                "after_anonymous": after.rss_parts_mib.map(|(a, _)| round3(a)),
+                "after_file": after.rss_parts_mib.map(|(_, f)| round3(f)),
             },
             "cpu_s": {
                 "since_start": round3(after.cpu_s),
