@@ -380,16 +380,33 @@ def regressions(runs):
                             f"{os.path.basename(old['_file'])} (`{commit_of(old)}`)")
         for r in sorted((r for r in runs if r["scenario"] == s and r is not new), key=lambda r: r["started_at"]):
             earlier += flags(runs, r)[0]
-    head = ["| Scenario | Measure | previous run | newer run | change |", "|---|---|---|---|---|"]
+    head = ["| Scenario | Measure | previous run | newer run | change | native phase, control-plane CPU |",
+            "|---|---|---|---|---|---|"]
     out = [f"Each scenario's newest run against the run before it with the same parameters and controller flags; "
            f"a p99 latency or the controller's CPU is flagged when it got worse by more than "
            f"{NOISE_FRACTION:.0%} **and** by more than {NOISE_MS:.0f} ms (latencies) or {NOISE_CPU_S:.0f} s (CPU) "
-           f"(bench/README.md). Compared: " + ("; ".join(compared) if compared else "none") + ".", ""]
+           f"(bench/README.md). The last column is the yardstick for the machine: the control plane's CPU "
+           f"in the native phase of the same two runs, the same workload without the controller; where it "
+           f"rose as much, the machine was slower, not the controller. Compared: " + ("; ".join(compared) if compared else "none") + ".", ""]
     out += head + rows if rows else ["No regressions beyond noise."]
     if earlier:
         out += ["", "Earlier runs, each against the run before it (the same rule; a later run may have answered "
                 "them):", ""] + head + earlier
     return out
+
+
+def native_cp_cpu(run):
+    """The control plane's CPU seconds (all its processes) in the native phase: the same workload
+    without the controller, so its change between two runs is the machine's, not the controller's."""
+    cpu = ((phase(run, "native") or {}).get("control_plane") or {}).get("cpu_s") or {}
+    return sum(cpu.values()) or None
+
+
+def yardstick(old_run, new_run):
+    """The native phase's control-plane CPU of the newer run against the older one ('–': no native
+    phase in one of them)."""
+    old, new = native_cp_cpu(old_run), native_cp_cpu(new_run)
+    return f"× {new / old:.2f} ({num(old, 1)} → {num(new, 1)} s)" if old and new else "–"
 
 
 def regression_row(scenario, name, unit, old, new):
@@ -398,7 +415,8 @@ def regression_row(scenario, name, unit, old, new):
         text = ms_unit(v) if unit == "ms" else f"{v:.2f} s"
         return f"{text} (`{commit_of(run)}`, load {num((run.get('loadavg_start') or [None])[0], 1)})"
     ratio = f"× {new[1] / old[1]:.1f}" if old[1] else "from 0"
-    return (f"| `{scenario}`{reduced_label(new[0])} | {name} | {cell(*old)} | {cell(*new)} | {ratio} |")
+    return (f"| `{scenario}`{reduced_label(new[0])} | {name} | {cell(*old)} | {cell(*new)} | {ratio} | "
+            f"{yardstick(old[0], new[0])} |")
 
 
 def growth_points(runs):
@@ -890,10 +908,14 @@ def why_deletion(run):
 
 
 # What the safety contract needs per cleanup, by kind (issue 25): the create, the release, the
-# record, one fresh read after Succeeded (a GET of the set, or a share of a namespace list, which
-# brings the set too), and the deletes of the claim and the pod.
+# record, two fresh reads (before the release and after Succeeded, docs/usage.md: a GET of the set,
+# or a share of a live read of the namespace, which is three lists: claims, pods and sets), and the
+# deletes of the claim and the pod.
 CONTRACT_PER_CLEANUP = {"pod creates": (1, "the create"), "pod patches": (1, "the release"),
-                        "set patches": (1, "the record"), "fresh reads": (1, "one after Succeeded"),
+                        "set patches": (1, "the record; the others: the status annotation's "
+                                           "CleaningUp and Idle, the test-only guard before a release"),
+                        "fresh reads": (2, "before the release and after Succeeded; a live read of a "
+                                           "namespace is 3 lists, shared by the passes waiting for it"),
                         "deletes": (2, "claim and pod")}
 
 
@@ -981,7 +1003,10 @@ def targets(runs):
     if r:
         c = r["phases"][0]["controller"]
         row(f"RSS idle at {int(r['params']['pods'])} pods (≤ 30 MiB)", c["rss_mib"]["after"], 30,
-            lambda v: f"{v:.1f} MiB", why=rss_parts(c["rss_mib"]))
+            lambda v: f"{v:.1f} MiB",
+            why=joined(rss_parts(c["rss_mib"]),
+                       "jemalloc's thread caches hold about 3 MiB of it and are kept: without them a "
+                       "burst costs a quarter more CPU (bench/notes.md, 2026-11-28)"))
         row(f"requests while idle besides watches, {num(c['window_s'], 0)} s (0)",
             abs(c["requests_in_window"]["non_watch_total"]), 0, lambda v: f"{v:.0f}")
     return ["| Target (issues 9, 25) | Measured | Met |", "|---|---|---|"] + rows + realnode_targets(runs)
