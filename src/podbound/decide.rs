@@ -127,26 +127,45 @@ pub fn decide(claim: &ClaimFacts, read: &PodRead, now: Timestamp, grace: Duratio
     }
 }
 
+/// How old a claim must be before the wait for its pod is recorded. A pod is usually created right
+/// after its claim, and the pod watch can deliver it after the claim's: a record written in that
+/// moment changes the claim's resourceVersion under the owner patch that follows, which the API
+/// server then refuses (`podbound` bench, 2026-11-28: 766 of 2,621 claim patches answered 422).
+/// Recording later only starts the grace later.
+pub const RECORD_AFTER: Duration = Duration::from_secs(5);
+
 /// A claim whose pod `pod` is not there and that no pod mounts: deleted once it has waited for
 /// that pod for the grace, counted from the recorded start of the wait (a start in the future, a
 /// clock set back, counts as now). Without a record of a wait for that pod (none, unreadable, or
-/// for another pod name), the wait starts now and is recorded.
+/// for another pod name), the wait starts now and is recorded, once the claim is
+/// [`RECORD_AFTER`] old (a creation time in the future counts as now).
 fn waited(claim: &ClaimFacts, pod: &str, now: Timestamp, grace: Duration) -> Plan {
     let Some(waiting) = claim.waiting.as_ref().filter(|w| w.pod == pod) else {
-        return Plan::Record(Waiting {
-            pod: pod.to_string(),
-            since: now,
-        });
+        let young = claim
+            .created
+            .and_then(|created| RECORD_AFTER.checked_sub(age(now, created)))
+            .filter(|left| !left.is_zero());
+        return match young {
+            Some(left) => Plan::Wait(left),
+            None => Plan::Record(Waiting {
+                pod: pod.to_string(),
+                since: now,
+            }),
+        };
     };
-    let age: Duration = now
-        .duration_since(waiting.since)
-        .try_into()
-        .unwrap_or(Duration::ZERO);
+    let age = age(now, waiting.since);
     if age >= grace {
         Plan::Delete
     } else {
         Plan::Wait(grace - age)
     }
+}
+
+/// The time from `since` to `now`; zero if `since` is later.
+fn age(now: Timestamp, since: Timestamp) -> Duration {
+    now.duration_since(since)
+        .try_into()
+        .unwrap_or(Duration::ZERO)
 }
 
 /// `first`, then the `users` that are neither owners of the claim already nor in `first`.

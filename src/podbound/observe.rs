@@ -58,6 +58,8 @@ pub struct ClaimFacts {
     pub deleting: bool,
     /// Its ownerReferences as (kind, name, uid).
     pub owners: Vec<(String, String, String)>,
+    /// Its creationTimestamp (the API server's clock).
+    pub created: Option<Timestamp>,
 }
 
 impl ClaimFacts {
@@ -130,6 +132,7 @@ pub fn observe(claim: &PartialObjectMeta<PersistentVolumeClaim>) -> ClaimFacts {
             .iter()
             .map(|o| (o.kind.clone(), o.name.clone(), o.uid.clone()))
             .collect(),
+        created: claim.metadata.creation_timestamp.as_ref().map(|t| t.0),
     }
 }
 

@@ -22,6 +22,7 @@ fn claim(owners: Vec<(String, String, String)>) -> ClaimFacts {
         waiting: None,
         deleting: false,
         owners,
+        created: None,
     }
 }
 

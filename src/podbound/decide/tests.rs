@@ -21,6 +21,7 @@ fn claim() -> ClaimFacts {
         }),
         deleting: false,
         owners: Vec::new(),
+        created: Some(t("2026-11-24T11:00:00Z")),
     }
 }
 
@@ -261,6 +262,76 @@ fn the_grace_counts_from_the_recorded_wait_not_the_creation() {
             "Refuse(ClaimInUse)",
         ),
     ]);
+}
+
+/// A pod is usually created right after its claim: a claim younger than `RECORD_AFTER` is looked
+/// at again instead of recorded, so the owner patch that follows tests a resourceVersion no record
+/// has moved. Recording later only starts the grace later.
+#[test]
+fn a_young_claim_is_not_recorded_yet() {
+    check(vec![
+        (
+            "created 2 s ago, no record, no pod yet: looked at again at 5 s, nothing written",
+            |c| {
+                c.waiting = None;
+                c.created = Some(t("2026-11-24T12:59:58Z"));
+            },
+            gone(&[]),
+            "13:00:00",
+            "Wait(3s)",
+        ),
+        (
+            "created 5 s ago, no record, no pod: the wait starts now",
+            |c| {
+                c.waiting = None;
+                c.created = Some(t("2026-11-24T12:59:55Z"));
+            },
+            gone(&[]),
+            "13:00:00",
+            "Record(runner@2026-11-24T13:00:00Z)",
+        ),
+        (
+            "created in the future (clocks apart), no record: 5 s at the most, not an hour",
+            |c| {
+                c.waiting = None;
+                c.created = Some(t("2026-11-24T14:00:00Z"));
+            },
+            gone(&[]),
+            "13:00:00",
+            "Wait(5s)",
+        ),
+        (
+            "no creation time, no record: the wait starts now",
+            |c| {
+                c.waiting = None;
+                c.created = None;
+            },
+            gone(&[]),
+            "13:00:00",
+            "Record(runner@2026-11-24T13:00:00Z)",
+        ),
+        (
+            "created 2 s ago and its pod is there: attached at once",
+            |c| {
+                c.waiting = None;
+                c.created = Some(t("2026-11-24T12:59:58Z"));
+            },
+            exists(false),
+            "13:00:00",
+            "Attach(runner:uid-runner)",
+        ),
+        (
+            "created 3 s ago and recorded 1 s ago: the grace goes on from the record",
+            |c| c.created = Some(t("2026-11-24T11:59:58Z")),
+            gone(&[]),
+            "12:00:01",
+            "Wait(599s)",
+        ),
+    ]);
+}
+
+#[test]
+fn a_waiting_record_reads_back_as_written() {
     // The record reads back as written, and nothing else passes for one.
     let w = Waiting::parse("runner@2026-11-24T13:00:00Z").expect("parses");
     assert_eq!(
