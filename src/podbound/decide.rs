@@ -138,11 +138,13 @@ pub const RECORD_AFTER: Duration = Duration::from_secs(5);
 /// that pod for the grace, counted from the recorded start of the wait (a start in the future, a
 /// clock set back, counts as now). Without a record of a wait for that pod (none, unreadable, or
 /// for another pod name), the wait starts now and is recorded, once the claim is
-/// [`RECORD_AFTER`] old (a creation time in the future counts as now).
+/// [`RECORD_AFTER`] old; at once if its creation time is later than `now` (the clocks differ, and
+/// its age is unknown: waiting for it could take as long as they differ).
 fn waited(claim: &ClaimFacts, pod: &str, now: Timestamp, grace: Duration) -> Plan {
     let Some(waiting) = claim.waiting.as_ref().filter(|w| w.pod == pod) else {
         let young = claim
             .created
+            .filter(|created| *created <= now)
             .and_then(|created| RECORD_AFTER.checked_sub(age(now, created)))
             .filter(|left| !left.is_zero());
         return match young {
